@@ -1,0 +1,40 @@
+# The two commands of the quick start. Each does its own set-up: missing Debian
+# packages, configure, build; then runs.
+PRESET ?= default
+CMAKE  ?= cmake
+CTEST  ?= ctest
+
+.PHONY: all deps build demo test test-default test-asan format clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+build: deps
+	$(CMAKE) --preset $(PRESET) >/dev/null
+	$(CMAKE) --build --preset $(PRESET)
+
+# Runs thaw's main job on the built-in CUDA driver emulator.
+demo: build
+	@build/$(PRESET)/tools/emu-demo/thaw-emu-demo
+
+# Every test, in the default build and under ASan+UBSan.
+test: deps
+	$(MAKE) --no-print-directory test-default test-asan
+
+test-default:
+	$(CMAKE) --preset default >/dev/null
+	$(CMAKE) --build --preset default
+	$(CTEST) --preset default
+
+test-asan:
+	$(CMAKE) --preset asan >/dev/null
+	$(CMAKE) --build --preset asan
+	$(CTEST) --preset asan
+
+format:
+	git ls-files '*.cpp' '*.hpp' '*.h' '*.c' | grep -v '^third_party/' | xargs clang-format -i
+
+clean:
+	rm -rf build

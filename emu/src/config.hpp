@@ -1,0 +1,35 @@
+// Emulator configuration, read once from THAW_EMU_* environment variables.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <string>
+#include <vector>
+
+namespace emu {
+
+struct Config {
+  int device_count = 1;
+  std::vector<std::uint64_t> device_memory;  // bytes, one per device
+  std::string device_name = "NVIDIA H100 80GB HBM3";
+  // Where the per-device memory ledgers live. Every process pointing at the same
+  // directory shares the emulated GPUs, as processes on one machine share real ones.
+  std::string state_dir = "/dev/shm/thaw-emu";
+  bool timing = true;
+  double pcie_bytes_per_s = 25e9;   // H2D and D2H, each direction
+  double d2d_bytes_per_s = 2000e9;  // HBM: device-to-device copies and memsets
+  // WarmServe: mapping 10 GB takes about 0.2 s, i.e. ~20 us per 2 MiB page.
+  std::chrono::nanoseconds page_latency{20'000};
+  std::chrono::nanoseconds launch_latency{5'000};
+  std::string trace_path;
+  std::string faults_spec;
+};
+
+// The message names the variable, the bad value and what is expected.
+std::expected<Config, std::string> config_from_env();
+
+// "80G", "512M", "4096", "1.5G" -> bytes (binary multiples).
+std::expected<std::uint64_t, std::string> parse_size(const std::string& text);
+
+}  // namespace emu
