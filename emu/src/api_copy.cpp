@@ -56,15 +56,25 @@ CUresult copy(const char* name, Transfer t, CUstream hstream, bool per_thread, b
   {
     std::shared_lock space(driver().space_mu);
     auto& as = driver().space;
+    // Mapped pinned host memory is addressable by the device (zero-copy): its device
+    // pointer is valid wherever device memory is.
+    auto device_side = [&](Transfer& tr, std::uint64_t p, Side& side) {
+      CUresult r = as.check_device_shape(p, tr.bytes, &device);
+      if (r != CUDA_SUCCESS && as.host_range_pinned(p, tr.bytes)) {
+        side = Side::kHost;
+        return CUDA_SUCCESS;
+      }
+      return r;
+    };
     if (t.dst_side == Side::kDevice) {
-      if (CUresult r = as.check_device_shape(t.dst, t.bytes, &device); r != CUDA_SUCCESS) return r;
+      if (CUresult r = device_side(t, t.dst, t.dst_side); r != CUDA_SUCCESS) return r;
     } else {
       host_pinned = as.host_range_pinned(t.dst, t.bytes);
     }
     if (t.src_side == Side::kDevice) {
-      if (CUresult r = as.check_device_shape(t.src, t.bytes, &device); r != CUDA_SUCCESS) return r;
+      if (CUresult r = device_side(t, t.src, t.src_side); r != CUDA_SUCCESS) return r;
     } else {
-      host_pinned = as.host_range_pinned(t.src, t.bytes);
+      host_pinned = host_pinned && as.host_range_pinned(t.src, t.bytes);
     }
   }
   auto& cfg = driver().cfg();

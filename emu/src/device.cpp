@@ -69,9 +69,11 @@ std::optional<int> device_attribute(CUdevice_attribute attr, int ordinal) {
       {CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS, 1},
       {CU_DEVICE_ATTRIBUTE_NUMA_ID, -1},
       {CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0},
+      {CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID, 0x233010de},     // H100 SXM5, NVIDIA
+      {CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID, 0x16c110de},
   };
   int a = static_cast<int>(attr);
-  if (a <= 0 || a >= static_cast<int>(CU_DEVICE_ATTRIBUTE_MAX) || a == 139) return std::nullopt;
+  if (a <= 0 || a >= static_cast<int>(CU_DEVICE_ATTRIBUTE_MAX)) return std::nullopt;
   auto it = kHopper.find(a);
   (void)static_cast<A>(attr);
   return it == kHopper.end() ? 0 : it->second;
