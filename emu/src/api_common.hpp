@@ -1,6 +1,8 @@
 // Shorthands for the api_*.cpp files that define the exported entry points.
 #pragma once
 
+#include <cstring>
+
 #include "driver.hpp"
 
 #define EMU_EXPORT extern "C"
@@ -11,6 +13,17 @@
   } while (0)
 
 namespace emu {
+
+// The bits of an enum argument. Programs pass any int where cuda.h says enum (the
+// driver is a C API): reading such a value as the enum type would be undefined, so
+// every enum input is read through this.
+template <class E>
+int raw(const E& e) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 inline bool valid_device(CUdevice d) { return d >= 0 && d < driver().device_count(); }
 

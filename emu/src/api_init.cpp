@@ -97,7 +97,7 @@ EMU_EXPORT CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUd
     EMU_REQUIRE_INIT();
     if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    auto v = device_attribute(attrib, dev);
+    auto v = device_attribute(raw(attrib), dev);
     if (!v) return CUDA_ERROR_INVALID_VALUE;
     *pi = *v;
     c.out("value", *pi);

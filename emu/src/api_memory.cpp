@@ -280,7 +280,7 @@ void put(void* data, T v) {
 
 // Writes one attribute for `ptr` (caller holds the space lock shared). `known` is false
 // for pointers the driver does not know: then defaults are written.
-CUresult write_attribute(CUpointer_attribute attr, void* data, std::uint64_t ptr, bool* known) {
+CUresult write_attribute(int attr, void* data, std::uint64_t ptr, bool* known) {
   auto& space = driver().space;
   auto dev = space.device_info(ptr);
   PinnedHost* host = dev ? nullptr : space.pinned_of(ptr);
@@ -369,10 +369,10 @@ EMU_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attrib
     std::shared_lock space(driver().space_mu);
     bool known = false;
     alignas(16) unsigned char scratch[16];
-    CUresult r = write_attribute(attribute, scratch, ptr, &known);
+    CUresult r = write_attribute(raw(attribute), scratch, ptr, &known);
     if (r != CUDA_SUCCESS) return r;
     if (!known) return CUDA_ERROR_INVALID_VALUE;  // "not a valid CUDA pointer"
-    return write_attribute(attribute, data, ptr, &known);
+    return write_attribute(raw(attribute), data, ptr, &known);
   });
 }
 
@@ -391,7 +391,7 @@ EMU_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
     for (unsigned i = 0; i < numAttributes; ++i) {
       if (data[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
       bool known = false;
-      CUresult r = write_attribute(attributes[i], data[i], ptr, &known);
+      CUresult r = write_attribute(raw(attributes[i]), data[i], ptr, &known);
       if (r != CUDA_SUCCESS && known) return r;
     }
     return CUDA_SUCCESS;

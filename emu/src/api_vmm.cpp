@@ -24,8 +24,8 @@ void charge_pages(Clock::time_point t0, std::uint64_t bytes) {
 
 CUresult check_prop(const CUmemAllocationProp* prop) {
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
-  switch (prop->location.type) {
+  if (raw(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+  switch (raw(prop->location.type)) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
       if (!valid_device(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
       break;
@@ -80,8 +80,8 @@ EMU_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity,
     c.arg("option", option);
     EMU_REQUIRE_INIT();
     if (granularity == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
-        option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
+    if (raw(option) != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+        raw(option) != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (CUresult r = check_prop(prop); r != CUDA_SUCCESS) return r;
@@ -101,7 +101,7 @@ EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t siz
     EMU_REQUIRE_INIT();
     if (handle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_prop(prop); r != CUDA_SUCCESS) return r;
-    unsigned types = prop->requestedHandleTypes;
+    unsigned types = static_cast<unsigned>(raw(prop->requestedHandleTypes));
     if (types & ~kKnownHandleTypes) return CUDA_ERROR_INVALID_VALUE;
     if (types & ~static_cast<unsigned>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
       return CUDA_ERROR_NOT_SUPPORTED;  // Win32 handles on Linux; fabric needs NVSwitch/IMEX
@@ -243,16 +243,16 @@ EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
     if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
     for (std::size_t i = 0; i < count; ++i) {
-      if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+      if (raw(desc[i].location.type) != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
       if (!valid_device(desc[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
-      if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
-          desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
-          desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      int f = raw(desc[i].flags);
+      if (f != CU_MEM_ACCESS_FLAGS_PROT_NONE && f != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+          f != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
         return CUDA_ERROR_INVALID_VALUE;
       }
       // Device memory is host memory here, so access is one protection for all devices:
       // the most permissive one granted.
-      flags = std::max(flags, desc[i].flags);
+      flags = std::max(flags, static_cast<CUmemAccess_flags>(f));
     }
     Lock lock(driver().space_mu);
     Reservation* res = driver().space.reservation_of(ptr);
@@ -285,7 +285,7 @@ EMU_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocatio
     c.ptr("ptr", ptr);
     EMU_REQUIRE_INIT();
     if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (raw(location->type) != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(location->id)) return CUDA_ERROR_INVALID_DEVICE;
     std::shared_lock lock(driver().space_mu);
     VmmMapping* m = driver().space.mapping_of(ptr);
@@ -335,8 +335,8 @@ EMU_EXPORT CUresult cuMemExportToShareableHandle(void* shareableHandle,
     c.arg("handle", handle).arg("type", handleType);
     EMU_REQUIRE_INIT();
     if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
-      return (handleType & kKnownHandleTypes) ? CUDA_ERROR_NOT_SUPPORTED
+    if (raw(handleType) != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+      return (raw(handleType) & kKnownHandleTypes) ? CUDA_ERROR_NOT_SUPPORTED
                                               : CUDA_ERROR_INVALID_VALUE;
     }
     std::shared_lock lock(driver().space_mu);
@@ -364,8 +364,8 @@ EMU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle*
     c.arg("fd", fd).arg("type", shHandleType);
     EMU_REQUIRE_INIT();
     if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
-      return (shHandleType & kKnownHandleTypes) ? CUDA_ERROR_NOT_SUPPORTED
+    if (raw(shHandleType) != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+      return (raw(shHandleType) & kKnownHandleTypes) ? CUDA_ERROR_NOT_SUPPORTED
                                                 : CUDA_ERROR_INVALID_VALUE;
     }
     auto imported = PhysicalMemory::import(fd);

@@ -4,8 +4,7 @@
 
 namespace emu {
 
-std::optional<int> device_attribute(CUdevice_attribute attr, int ordinal) {
-  using A = CUdevice_attribute;
+std::optional<int> device_attribute(int attr, int ordinal) {
   // H100 SXM5 80GB (compute capability 9.0) as NVIDIA's driver reports it, except for
   // features the emulator does not provide (memory pools, managed memory, compression,
   // fabric handles), which report 0 so callers don't take paths that cannot work.
@@ -72,10 +71,9 @@ std::optional<int> device_attribute(CUdevice_attribute attr, int ordinal) {
       {CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID, 0x233010de},     // H100 SXM5, NVIDIA
       {CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID, 0x16c110de},
   };
-  int a = static_cast<int>(attr);
+  int a = attr;
   if (a <= 0 || a >= static_cast<int>(CU_DEVICE_ATTRIBUTE_MAX)) return std::nullopt;
   auto it = kHopper.find(a);
-  (void)static_cast<A>(attr);
   return it == kHopper.end() ? 0 : it->second;
 }
 

@@ -10,6 +10,6 @@ namespace emu {
 // The value of `attr` for device `ordinal`; nullopt if `attr` is not a valid attribute.
 // Valid attributes the emulator does not model report 0, as a real device does for
 // a feature it lacks.
-std::optional<int> device_attribute(CUdevice_attribute attr, int ordinal);
+std::optional<int> device_attribute(int attr, int ordinal);
 
 }  // namespace emu

@@ -3,6 +3,8 @@
 
 #include <cuda.h>
 
+#include <cstring>
+
 #include <atomic>
 #include <concepts>
 #include <cstdint>
@@ -64,7 +66,9 @@ class Call {
     if constexpr (std::is_same_v<T, bool>) {
       s += v ? "true" : "false";
     } else if constexpr (std::is_enum_v<T>) {
-      s += std::to_string(static_cast<long long>(v));
+      std::underlying_type_t<T> bits;  // may hold a value outside the enum
+      std::memcpy(&bits, &v, sizeof bits);
+      s += std::to_string(static_cast<long long>(bits));
     } else if constexpr (std::is_integral_v<T>) {
       s += std::to_string(v);
     } else if constexpr (std::is_floating_point_v<T>) {
