@@ -61,6 +61,11 @@ auto find_containing(Map& m, std::uint64_t p, SizeOf size_of) {
 }
 }  // namespace
 
+CUmemAccess_flags VmmMapping::access_at(std::uint64_t p) const {
+  std::uint64_t i = (p - va) / (2ull << 20);
+  return i < access.size() ? access[i] : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+}
+
 Reservation* AddressSpace::reservation_of(std::uint64_t p) {
   auto it = find_containing(reservations, p, [](const Reservation& r) { return r.range.size(); });
   return it == reservations.end() ? nullptr : &it->second;
@@ -127,13 +132,14 @@ CUresult AddressSpace::check_device(std::uint64_t p, std::uint64_t n, bool write
   auto info = device_info(p);
   if (!info->vmm) return CUDA_SUCCESS;
   std::uint64_t cur = p;
+  constexpr std::uint64_t kGranule = 2ull << 20;
   do {
     VmmMapping* m = mapping_of(cur);
     if (m == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
-    bool ok = write ? m->access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-                    : m->access != CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    CUmemAccess_flags a = m->access_at(cur);
+    bool ok = write ? a == CU_MEM_ACCESS_FLAGS_PROT_READWRITE : a != CU_MEM_ACCESS_FLAGS_PROT_NONE;
     if (!ok) return CUDA_ERROR_ILLEGAL_ADDRESS;
-    cur = m->va + m->size;
+    cur = std::min(m->va + m->size, (cur / kGranule + 1) * kGranule);
   } while (cur < p + n);
   return CUDA_SUCCESS;
 }

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "physical.hpp"
 
@@ -65,7 +66,9 @@ struct VmmMapping {  // cuMemMap
   std::uint64_t size = 0;
   std::uint64_t offset = 0;
   std::shared_ptr<PhysicalMemory> mem;
-  CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  // Access per 2 MiB granule: cuMemSetAccess may cover part of a mapping.
+  std::vector<CUmemAccess_flags> access;
+  CUmemAccess_flags access_at(std::uint64_t p) const;
 };
 
 struct Reservation {  // cuMemAddressReserve

@@ -119,7 +119,7 @@ EMU_EXPORT CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
 EMU_EXPORT CUresult cuGetErrorName(CUresult error, const char** pStr) {
   return api("cuGetErrorName", [&](Call&) {
     if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    auto t = error_text(error);
+    auto t = error_text(raw(error));
     *pStr = t ? t->name : nullptr;
     return t ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });
@@ -128,7 +128,7 @@ EMU_EXPORT CUresult cuGetErrorName(CUresult error, const char** pStr) {
 EMU_EXPORT CUresult cuGetErrorString(CUresult error, const char** pStr) {
   return api("cuGetErrorString", [&](Call&) {
     if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    auto t = error_text(error);
+    auto t = error_text(raw(error));
     *pStr = t ? t->message : nullptr;
     return t ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });

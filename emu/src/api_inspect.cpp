@@ -17,7 +17,9 @@ EMU_EXPORT int thawEmuGetDeviceStats(int device, ThawEmuDeviceStats* out) {
   std::shared_lock lock(driver().space_mu);
   auto& space = driver().space;
   for (auto& [h, ref] : driver().vmm_handles) {
-    if (ref.mem->device() == device) s.vmm_handle_refs += static_cast<unsigned>(ref.refs);
+    if (ref.refs > 0 && ref.mem->device() == device) {
+      s.vmm_handle_refs += static_cast<unsigned>(ref.refs);
+    }
   }
   for (auto& [va, res] : space.reservations) {
     for (auto& [mva, m] : res.mappings) {

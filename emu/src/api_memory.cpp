@@ -315,12 +315,18 @@ CUresult write_attribute(int attr, void* data, std::uint64_t ptr, bool* known) {
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
       put<bool>(data, dev && !dev->vmm);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-      put<CUdeviceptr>(data, dev ? dev->base : host ? host->va : 0);
+    // For VMM memory the range is the reservation, not the mapping (driver docs:
+    // "the address of the mappable address range ... from cuMemAddressReserve").
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: {
+      Reservation* res = vmm ? space.reservation_of(ptr) : nullptr;
+      put<CUdeviceptr>(data, res ? res->range.va() : dev ? dev->base : host ? host->va : 0);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-      put<size_t>(data, dev ? dev->size : host ? host->size : 0);
+    }
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: {
+      Reservation* res = vmm ? space.reservation_of(ptr) : nullptr;
+      put<size_t>(data, res ? res->range.size() : dev ? dev->size : host ? host->size : 0);
       return CUDA_SUCCESS;
+    }
     case CU_POINTER_ATTRIBUTE_MAPPED:
       put<bool>(data, *known);
       return CUDA_SUCCESS;
@@ -333,9 +339,9 @@ CUresult write_attribute(int attr, void* data, std::uint64_t ptr, bool* known) {
     case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: {
       unsigned flags = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
       if (vmm) {
-        flags = vmm->access == CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-                    ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
-                : vmm->access == CU_MEM_ACCESS_FLAGS_PROT_READ
+        auto a = vmm->access_at(ptr);
+        flags = a == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+                : a == CU_MEM_ACCESS_FLAGS_PROT_READ
                     ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ
                     : CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
       } else if (*known) {

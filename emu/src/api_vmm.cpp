@@ -29,9 +29,12 @@ CUresult check_prop(const CUmemAllocationProp* prop) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
       if (!valid_device(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
       break;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      return CUDA_ERROR_INVALID_VALUE;  // documented for cuMemCreate
     case CU_MEM_LOCATION_TYPE_HOST:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
-    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      // HOST allocations are not IPC capable: handle types there are invalid.
+      if (prop->requestedHandleTypes != 0) return CUDA_ERROR_INVALID_VALUE;
       // Host-located VMM memory (NCCL uses it) is not emulated; the device attributes
       // HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and friends say 0 accordingly.
       return CUDA_ERROR_NOT_SUPPORTED;
@@ -45,22 +48,40 @@ constexpr unsigned kKnownHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 
                                        CU_MEM_HANDLE_TYPE_WIN32 | CU_MEM_HANDLE_TYPE_WIN32_KMT |
                                        CU_MEM_HANDLE_TYPE_FABRIC;
 
+// Drops values whose memory is gone (unmapped after its last release).
+void prune_handles_locked() {
+  auto& d = driver();
+  std::erase_if(d.vmm_handles, [&](auto& kv) {
+    if (kv.second.refs > 0 || !kv.second.weak.expired()) return false;
+    return true;
+  });
+  d.vmm_handle_of.clear();
+  for (auto& [h, ref] : d.vmm_handles) {
+    if (auto m = ref.weak.lock()) d.vmm_handle_of[m.get()] = h;
+  }
+}
+
 std::uint64_t add_handle_ref_locked(const std::shared_ptr<PhysicalMemory>& mem) {
   auto& d = driver();
   auto it = d.vmm_handle_of.find(mem.get());
-  if (it != d.vmm_handle_of.end()) {
-    ++d.vmm_handles[it->second].refs;
+  if (it != d.vmm_handle_of.end() && d.vmm_handles[it->second].weak.lock() == mem) {
+    auto& ref = d.vmm_handles[it->second];
+    ++ref.refs;
+    ref.mem = mem;
     return it->second;
   }
+  prune_handles_locked();
   std::uint64_t h = d.next_vmm_handle++;
-  d.vmm_handles[h] = {mem, 1};
+  d.vmm_handles[h] = {mem, mem, 1};
   d.vmm_handle_of[mem.get()] = h;
   return h;
 }
 
+// A handle the caller holds a reference to (refs > 0); else nullptr.
 Driver::VmmHandle* find_handle_locked(CUmemGenericAllocationHandle h) {
   auto it = driver().vmm_handles.find(h);
-  return it == driver().vmm_handles.end() ? nullptr : &it->second;
+  if (it == driver().vmm_handles.end() || it->second.refs == 0) return nullptr;
+  return &it->second;
 }
 
 void remember_memory_locked(const std::shared_ptr<PhysicalMemory>& mem) {
@@ -101,6 +122,8 @@ EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t siz
     EMU_REQUIRE_INIT();
     if (handle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_prop(prop); r != CUDA_SUCCESS) return r;
+    // Windows security attributes only; "required to be zero" otherwise.
+    if (prop->win32HandleMetaData != nullptr) return CUDA_ERROR_INVALID_VALUE;
     unsigned types = static_cast<unsigned>(raw(prop->requestedHandleTypes));
     if (types & ~kKnownHandleTypes) return CUDA_ERROR_INVALID_VALUE;
     if (types & ~static_cast<unsigned>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
@@ -131,9 +154,11 @@ EMU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     auto* h = find_handle_locked(handle);
     if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (--h->refs == 0) {
-      last = std::move(h->mem);
-      driver().vmm_handle_of.erase(last.get());
-      driver().vmm_handles.erase(handle);
+      last = std::move(h->mem);  // the value lives on (weakly) while the memory is mapped
+      if (last.use_count() == 1) {
+        driver().vmm_handle_of.erase(last.get());
+        driver().vmm_handles.erase(handle);
+      }
     }
     return CUDA_SUCCESS;
   });
@@ -144,7 +169,10 @@ EMU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t al
   return api("cuMemAddressReserve", [&](Call& c) {
     c.arg("size", size).arg("alignment", alignment).ptr("addr", addr).arg("flags", flags);
     EMU_REQUIRE_INIT();
-    if (ptr == nullptr || flags != 0 || size == 0 || !aligned(size)) {
+    // "The size and address parameters must be a multiple of the host page size and
+    // the alignment must be a power of two or zero for default alignment."
+    const std::uint64_t page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+    if (ptr == nullptr || flags != 0 || size == 0 || size % page != 0 || addr % page != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (alignment != 0 && (alignment & (alignment - 1)) != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -201,7 +229,9 @@ EMU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
       if (prev->second.va + prev->second.size > ptr) return CUDA_ERROR_INVALID_VALUE;
     }
     if (!map_fixed(ptr, size, *h->mem, offset, PROT_NONE)) return CUDA_ERROR_OUT_OF_MEMORY;
-    res->mappings[ptr] = VmmMapping{ptr, size, offset, h->mem, CU_MEM_ACCESS_FLAGS_PROT_NONE};
+    res->mappings[ptr] =
+        VmmMapping{ptr, size, offset, h->mem,
+                   std::vector<CUmemAccess_flags>(size / kGranularity, CU_MEM_ACCESS_FLAGS_PROT_NONE)};
     lock.unlock();
     charge_pages(t0, size);
     return CUDA_SUCCESS;
@@ -240,7 +270,9 @@ EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
     c.ptr("ptr", ptr).arg("size", size).arg("count", count);
     if (desc != nullptr && count > 0) c.arg("flags", desc[0].flags);
     EMU_REQUIRE_INIT();
-    if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (desc == nullptr || count == 0 || size == 0 || !aligned(ptr) || !aligned(size)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
     for (std::size_t i = 0; i < count; ++i) {
       if (raw(desc[i].location.type) != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
@@ -270,10 +302,14 @@ EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
                : flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
                                                            : PROT_NONE;
     if (mprotect(reinterpret_cast<void*>(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
-    // Access is tracked per mapping (what check_device consults); a partial range
-    // updates the whole mapping's record only when it covers it.
+    // Access is tracked per granule (what check_device consults), so a range that
+    // covers part of a mapping changes exactly that part.
     for (VmmMapping* m : touched) {
-      if (m->va >= ptr && m->va + m->size <= ptr + size) m->access = flags;
+      std::uint64_t from = std::max<std::uint64_t>(ptr, m->va);
+      std::uint64_t to = std::min<std::uint64_t>(ptr + size, m->va + m->size);
+      for (std::uint64_t g = from; g < to; g += kGranularity) {
+        m->access[(g - m->va) / kGranularity] = flags;
+      }
     }
     return CUDA_SUCCESS;
   });
@@ -290,7 +326,7 @@ EMU_EXPORT CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocatio
     std::shared_lock lock(driver().space_mu);
     VmmMapping* m = driver().space.mapping_of(ptr);
     if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *flags = m->access;
+    *flags = m->access_at(ptr);
     return CUDA_SUCCESS;
   });
 }

@@ -79,8 +79,11 @@ class Driver {
   // CUmemGenericAllocationHandle values (guarded by space_mu). A handle is a counted
   // reference to physical memory: cuMemCreate/import/retain add one, cuMemRelease
   // drops one; the memory itself lives while a handle reference or a mapping holds it.
+  // A value stays tied to its memory while the memory lives (mapped), even at zero
+  // references: cuMemRetainAllocationHandle must give back the value used to map it.
   struct VmmHandle {
-    std::shared_ptr<PhysicalMemory> mem;
+    std::shared_ptr<PhysicalMemory> mem;  // held while refs > 0
+    std::weak_ptr<PhysicalMemory> weak;
     int refs = 0;
   };
   std::unordered_map<std::uint64_t, VmmHandle> vmm_handles;

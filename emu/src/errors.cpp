@@ -189,7 +189,7 @@ constexpr Entry kErrors[] = {
 
 }  // namespace
 
-std::optional<ErrorText> error_text(CUresult code) {
+std::optional<ErrorText> error_text(int code) {
   for (const auto& e : kErrors) {
     if (e.code == code) return e.text;
   }
@@ -200,7 +200,7 @@ std::optional<CUresult> parse_error(std::string_view text) {
   int value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec == std::errc{} && end == text.data() + text.size()) {
-    if (error_text(static_cast<CUresult>(value))) return static_cast<CUresult>(value);
+    if (error_text(value)) return static_cast<CUresult>(value);
     return std::nullopt;
   }
   for (const auto& e : kErrors) {

@@ -13,7 +13,7 @@ struct ErrorText {
 };
 
 // nullopt for a value that is not a CUresult of cuda.h.
-std::optional<ErrorText> error_text(CUresult code);
+std::optional<ErrorText> error_text(int code);
 
 // CUresult by its name ("CUDA_ERROR_OUT_OF_MEMORY") or decimal value ("2").
 std::optional<CUresult> parse_error(std::string_view text);

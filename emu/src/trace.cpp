@@ -70,7 +70,7 @@ void Call::append_hex_value(std::string& s, std::uint64_t v) { s += fmt::format(
 
 void Call::finish(CUresult result) {
   if (!on_) return;
-  auto text = error_text(result);
+  auto text = error_text(static_cast<int>(result));
   auto t = std::chrono::duration_cast<nanoseconds>(Clock::now().time_since_epoch()).count();
   std::string line = fmt::format(R"({{"t_ns":{},"pid":{},"tid":{},"call":)", t, getpid(),
                                  static_cast<long>(syscall(SYS_gettid)));
