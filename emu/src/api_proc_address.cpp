@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api_common.hpp"
+#include "faults.hpp"
 
 using namespace emu;
 
@@ -142,6 +143,8 @@ constexpr Variant kVariants[] = {
     {"cuStreamGetCtx", 9020, "cuStreamGetCtx_ptsz", true},
     {"cuStreamGetCtx", 12050, "cuStreamGetCtx_v2", false},
     {"cuStreamGetCtx", 12050, "cuStreamGetCtx_v2_ptsz", true},
+    {"cuStreamGetDevice", 12080, "cuStreamGetDevice", false},
+    {"cuStreamGetDevice", 12080, "cuStreamGetDevice_ptsz", true},
     {"cuStreamGetId", 12000, "cuStreamGetId", false},
     {"cuStreamGetId", 12000, "cuStreamGetId_ptsz", true},
     {"cuEventCreate", 2000, "cuEventCreate", false},
@@ -212,6 +215,13 @@ CUresult get_proc_address(const char* symbol, void** pfn, int version, cuuint64_
 }
 
 }  // namespace
+
+bool emu::is_driver_function(const std::string& base_name) {
+  for (const auto& v : kVariants) {
+    if (base_name == v.base) return true;
+  }
+  return false;
+}
 
 // The CUDA 12 form: unknown symbols are not an error, the status says why pfn is NULL.
 EMU_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,

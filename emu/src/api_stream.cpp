@@ -124,6 +124,8 @@ CUresult event_record(CUevent ev, CUstream h, unsigned flags, bool ptds, Call& c
   c.ptr("event", handle_value(ev)).ptr("stream", handle_value(h));
   EMU_REQUIRE_INIT();
   if (flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) return CUDA_ERROR_INVALID_VALUE;
+  // "This flag is invalid outside of stream capture" (and capture is not emulated yet).
+  if (flags & CU_EVENT_RECORD_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(driver().mu);
   auto e = driver().events.find(handle_value(ev));
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
@@ -338,3 +340,13 @@ static CUresult get_ctx_v2(CUstream h, CUcontext* out, CUgreenCtx* green, bool p
 }
 EMU_STREAM_PAIR(cuStreamGetCtx_v2, "cuStreamGetCtx", (CUstream h, CUcontext* p, CUgreenCtx* g),
                 (h, p, g), get_ctx_v2)
+
+static CUresult get_device(CUstream h, CUdevice* out, bool ptds, Call& c) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return with_stream(h, ptds, c, [&](StreamCore& s) {
+    *out = s.device();
+    return CUDA_SUCCESS;
+  });
+}
+EMU_STREAM_PAIR(cuStreamGetDevice, "cuStreamGetDevice", (CUstream h, CUdevice* d), (h, d),
+                get_device)

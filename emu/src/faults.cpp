@@ -35,17 +35,16 @@ std::expected<void, std::string> Faults::configure(const std::string& spec) {
     std::string count = item.substr(colon + 1, eq - colon - 1);
     r.and_later = !count.empty() && count.back() == '+';
     if (r.and_later) count.pop_back();
-    try {
-      std::size_t used = 0;
-      r.nth = std::stoul(count, &used);
-      if (used != count.size() || r.nth == 0) return bad("has a call number that is not 1 or more");
-    } catch (...) {
+    if (count.empty() || count.size() > 9 ||
+        count.find_first_not_of("0123456789") != std::string::npos || std::stoul(count) == 0) {
       return bad("has a call number that is not 1 or more");
     }
+    r.nth = std::stoul(count);
     auto err = parse_error(item.substr(eq + 1));
     if (!err) return bad("names an error that is not a CUresult");
     r.error = *err;
-    if (r.name.rfind("cu", 0) != 0) return bad("names no driver function");
+    // A misspelt name would silently never fire: only names the driver has are accepted.
+    if (!is_driver_function(r.name)) return bad("names no driver function the emulator provides");
     rules.push_back(std::move(r));
   }
   std::lock_guard lock(mu_);

@@ -38,4 +38,7 @@ class Faults {
 
 Faults& faults();
 
+// Whether `base_name` is an entry point of the emulated driver (cuGetProcAddress table).
+bool is_driver_function(const std::string& base_name);
+
 }  // namespace emu
