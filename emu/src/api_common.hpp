@@ -27,6 +27,10 @@ int raw(const E& e) {
 
 inline bool valid_device(CUdevice d) { return d >= 0 && d < driver().device_count(); }
 
+// cuMemAlloc's allocation and release, for other parts of the driver (module globals).
+CUresult legacy_alloc(CUdeviceptr* dptr, std::uint64_t size, Context& ctx, Call& c);
+void legacy_free(CUdeviceptr dptr);
+
 inline std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
 
 }  // namespace emu

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "api_common.hpp"
+#include "graph.hpp"
 
 // The original (v1) entry points are exported under their plain names, which cuda.h
 // maps to the newest variant: undo that here.
@@ -298,6 +299,7 @@ EMU_EXPORT CUresult cuCtxSynchronize() {
     std::unique_lock lock(driver().mu);
     auto ctx = current_context_locked();
     if (!ctx) return ctx.error();
+    if (CUresult r = check_unsafe_during_capture_locked(); r != CUDA_SUCCESS) return r;
     auto streams = context_streams_locked(**ctx);
     StickyError sticky = (*ctx)->sticky;
     lock.unlock();

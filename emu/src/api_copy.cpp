@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "api_common.hpp"
+#include "graph.hpp"
 
 using namespace emu;
 
@@ -26,16 +27,31 @@ enum class HostWait {
   kUntilDone,     // the call returns when the operation has completed
 };
 
-CUresult submit(StreamOp op, CUstream hstream, bool per_thread, HostWait wait) {
+// Sends a node's operation to a stream (or into the capture the stream is in) and,
+// for the synchronous forms, waits for it.
+CUresult submit(NodeSpec spec, CUstream hstream, bool per_thread, HostWait wait, bool sync_api) {
   std::unique_lock lock(driver().mu);
   auto stream = resolve_stream_locked(hstream, per_thread);
   if (!stream) return stream.error();
   auto ctx = driver().contexts.find((*stream)->ctx());
   if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
-  std::uint64_t seq = enqueue_locked(*ctx, *stream, std::move(op));
+  if (sync_api) {
+    // A synchronous call cannot be captured, and is "potentially unsafe" during capture.
+    if (auto cap = (*stream)->capture) {
+      cap->invalidated = true;
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (CUresult r = check_unsafe_during_capture_locked(); r != CUDA_SUCCESS) return r;
+  }
+  std::uint64_t seq = 0;
+  StreamOp op = op_for_node(spec);
+  if (CUresult r = submit_locked(*ctx, *stream, std::move(op), std::move(spec), &seq);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
   StickyError sticky = (*stream)->sticky();
   lock.unlock();
-  if (wait == HostWait::kUntilDone) {
+  if (wait == HostWait::kUntilDone && seq != 0) {
     wait_point({*stream, seq});
     return static_cast<CUresult>(sticky->load());
   }
@@ -77,33 +93,8 @@ CUresult copy(const char* name, Transfer t, CUstream hstream, bool per_thread, b
       host_pinned = host_pinned && as.host_range_pinned(t.src, t.bytes);
     }
   }
-  auto& cfg = driver().cfg();
-  StreamOp op;
-  if (t.dst_side == Side::kDevice && t.src_side == Side::kDevice) {
-    op.model = transfer_time(t.bytes, cfg.d2d_bytes_per_s);
-  } else if (t.dst_side == Side::kDevice) {
-    op.model = transfer_time(t.bytes, cfg.pcie_bytes_per_s);
-    op.engine = &driver().device(device).h2d;
-  } else if (t.src_side == Side::kDevice) {
-    op.model = transfer_time(t.bytes, cfg.pcie_bytes_per_s);
-    op.engine = &driver().device(device).d2h;
-  }
-  op.work = [t] {
-    std::shared_lock space(driver().space_mu);
-    auto& as = driver().space;
-    if (t.dst_side == Side::kDevice) {
-      if (CUresult r = as.check_device(t.dst, t.bytes, true); r != CUDA_SUCCESS) {
-        return CUDA_ERROR_ILLEGAL_ADDRESS;
-      }
-    }
-    if (t.src_side == Side::kDevice) {
-      if (CUresult r = as.check_device(t.src, t.bytes, false); r != CUDA_SUCCESS) {
-        return CUDA_ERROR_ILLEGAL_ADDRESS;
-      }
-    }
-    std::memmove(reinterpret_cast<void*>(t.dst), reinterpret_cast<const void*>(t.src), t.bytes);
-    return CUDA_SUCCESS;
-  };
+  MemcpyNode node{t.dst, t.src, t.bytes, t.dst_side == Side::kDevice,
+                  t.src_side == Side::kDevice, device, 0};
   HostWait wait = HostWait::kUntilDone;
   bool involves_host = t.dst_side == Side::kHost || t.src_side == Side::kHost;
   if (!involves_host) {
@@ -113,7 +104,7 @@ CUresult copy(const char* name, Transfer t, CUstream hstream, bool per_thread, b
   }
   // Async from/to pageable memory: the driver stages through pinned buffers and the
   // call returns once the user's buffer is no longer needed; we return when done.
-  return submit(std::move(op), hstream, per_thread, wait);
+  return submit({CU_GRAPH_NODE_TYPE_MEMCPY, node}, hstream, per_thread, wait, !async);
 }
 
 Side side_of(std::uint64_t p) {
@@ -132,27 +123,10 @@ CUresult memset_n(std::uint64_t dst, std::uint32_t value, unsigned elem, std::ui
     std::shared_lock space(driver().space_mu);
     if (CUresult r = driver().space.check_device_shape(dst, bytes); r != CUDA_SUCCESS) return r;
   }
-  StreamOp op;
-  op.model = transfer_time(bytes, driver().cfg().d2d_bytes_per_s);
-  op.work = [dst, value, elem, count, bytes] {
-    std::shared_lock space(driver().space_mu);
-    if (driver().space.check_device(dst, bytes, true) != CUDA_SUCCESS) {
-      return CUDA_ERROR_ILLEGAL_ADDRESS;
-    }
-    auto* p = reinterpret_cast<unsigned char*>(dst);
-    if (elem == 1) {
-      std::memset(p, static_cast<int>(value), count);
-    } else if (elem == 2) {
-      auto v = static_cast<std::uint16_t>(value);
-      for (std::uint64_t i = 0; i < count; ++i) std::memcpy(p + i * 2, &v, 2);
-    } else {
-      for (std::uint64_t i = 0; i < count; ++i) std::memcpy(p + i * 4, &value, 4);
-    }
-    return CUDA_SUCCESS;
-  };
+  MemsetNode node{dst, 0, value, elem, count, 1, 0};
   // Memsets of device memory are asynchronous with respect to the host, even the
   // "synchronous" forms (CUDA API synchronisation behaviour).
-  return submit(std::move(op), hstream, per_thread, HostWait::kNever);
+  return submit({CU_GRAPH_NODE_TYPE_MEMSET, node}, hstream, per_thread, HostWait::kNever, false);
 }
 
 }  // namespace

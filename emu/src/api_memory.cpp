@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "api_common.hpp"
+#include "graph.hpp"
 
 using namespace emu;
 
@@ -16,9 +17,11 @@ namespace {
 using SpaceLock = std::unique_lock<std::shared_mutex>;
 constexpr std::uint64_t kPage = 4096;
 
+}  // namespace
+
 // cuMemAlloc memory: its own memfd, placed like the driver places it (2 MiB aligned
 // when large). Sizes are rounded to whole pages for mapping and accounting.
-CUresult legacy_alloc(CUdeviceptr* dptr, std::uint64_t size, Context& ctx, Call& c) {
+CUresult emu::legacy_alloc(CUdeviceptr* dptr, std::uint64_t size, Context& ctx, Call& c) {
   std::uint64_t physical = round_up(size, kPage);
   auto mem = PhysicalMemory::create(ctx.device, physical, 0, PhysicalKind::kLegacy);
   if (!mem) return mem.error();
@@ -34,6 +37,17 @@ CUresult legacy_alloc(CUdeviceptr* dptr, std::uint64_t size, Context& ctx, Call&
   c.out_ptr("dptr", va);
   return CUDA_SUCCESS;
 }
+
+void emu::legacy_free(CUdeviceptr dptr) {
+  std::shared_ptr<PhysicalMemory> mem;  // released after the space lock
+  SpaceLock space(driver().space_mu);
+  auto it = driver().space.legacy.find(dptr);
+  if (it == driver().space.legacy.end()) return;
+  mem = std::move(it->second.mem);
+  driver().space.legacy.erase(it);
+}
+
+namespace {
 
 struct IpcHandlePayload {
   std::uint32_t magic;
@@ -61,6 +75,10 @@ EMU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
       ctx = *cur;
     }
     if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    {
+      std::lock_guard lock(driver().mu);
+      if (CUresult r = check_unsafe_during_capture_locked(); r != CUDA_SUCCESS) return r;
+    }
     return legacy_alloc(dptr, bytesize, *ctx, c);
   });
 }
@@ -72,6 +90,7 @@ EMU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     std::unique_lock lock(driver().mu);
     auto cur = current_context_locked();
     if (!cur) return cur.error();
+    if (CUresult r = check_unsafe_during_capture_locked(); r != CUDA_SUCCESS) return r;
     std::uint64_t owner = 0;
     {
       std::shared_lock space(driver().space_mu);

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "api_common.hpp"
+#include "graph.hpp"
 
 // The original (v1) entry points are exported under their plain names, which cuda.h
 // maps to the newest variant: undo that here.
@@ -39,6 +40,11 @@ CUresult stream_synchronize(CUstream h, bool ptds, Call& c) {
   DriverLock lock(driver().mu);
   auto s = resolve_stream_locked(h, ptds);
   if (!s) return s.error();
+  if (auto cap = (*s)->capture) {  // not allowed while capturing
+    cap->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (CUresult r = check_unsafe_during_capture_locked(); r != CUDA_SUCCESS) return r;
   StreamPoint tail = (*s)->tail();
   lock.unlock();
   wait_point(tail);
@@ -51,6 +57,10 @@ CUresult stream_query(CUstream h, bool ptds, Call& c) {
   DriverLock lock(driver().mu);
   auto s = resolve_stream_locked(h, ptds);
   if (!s) return s.error();
+  if (auto cap = (*s)->capture) {
+    cap->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   if (int e = (*s)->sticky()->load(); e != CUDA_SUCCESS) return static_cast<CUresult>(e);
   return (*s)->idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -74,12 +84,34 @@ CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags, bool ptds, Ca
   if (!s) return s.error();
   auto e = driver().events.find(handle_value(ev));
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  if (e->capture) {
+    // Fork/join inside a capture: the stream (joins and) depends on the event's position.
+    auto& cap = e->capture;
+    if (cap->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (!(*s)->capture) {
+      (*s)->capture = cap;
+      (*s)->capture_deps = e->capture_deps;
+      cap->streams.push_back(*s);
+      return CUDA_SUCCESS;
+    }
+    if ((*s)->capture != cap) return CUDA_ERROR_STREAM_CAPTURE_MERGE;
+    for (auto d : e->capture_deps) {
+      if (std::find((*s)->capture_deps.begin(), (*s)->capture_deps.end(), d) ==
+          (*s)->capture_deps.end()) {
+        (*s)->capture_deps.push_back(d);
+      }
+    }
+    return CUDA_SUCCESS;
+  }
+  if (auto cap = (*s)->capture) {  // a captured stream cannot wait on uncaptured work
+    cap->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
   if (!e->last) return CUDA_SUCCESS;  // never recorded: nothing to wait for
   auto ctx = driver().contexts.find((*s)->ctx());
   StreamOp op;
   op.waits.push_back(e->last->point);
-  enqueue_locked(*ctx, *s, std::move(op));
-  return CUDA_SUCCESS;
+  return submit_locked(*ctx, *s, std::move(op), {});
 }
 
 CUresult add_callback(CUstream h, CUstreamCallback cb, void* user, unsigned flags, bool ptds,
@@ -90,6 +122,10 @@ CUresult add_callback(CUstream h, CUstreamCallback cb, void* user, unsigned flag
   std::lock_guard lock(driver().mu);
   auto s = resolve_stream_locked(h, ptds);
   if (!s) return s.error();
+  if (auto cap = (*s)->capture) {  // not capturable: use cuLaunchHostFunc
+    cap->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   auto ctx = driver().contexts.find((*s)->ctx());
   StreamOp op;
   op.runs_user_code = true;
@@ -110,22 +146,16 @@ CUresult launch_host_func(CUstream h, CUhostFn fn, void* user, bool ptds, Call& 
   auto s = resolve_stream_locked(h, ptds);
   if (!s) return s.error();
   auto ctx = driver().contexts.find((*s)->ctx());
-  StreamOp op;
-  op.runs_user_code = true;  // not called after a fault in the context
-  op.work = [fn, user] {
-    fn(user);
-    return CUDA_SUCCESS;
-  };
-  enqueue_locked(*ctx, *s, std::move(op));
-  return CUDA_SUCCESS;
+  // Not called after a fault in the context.
+  NodeSpec spec{CU_GRAPH_NODE_TYPE_HOST, HostNode{fn, user}};
+  StreamOp op = op_for_node(spec);
+  return submit_locked(*ctx, *s, std::move(op), std::move(spec));
 }
 
 CUresult event_record(CUevent ev, CUstream h, unsigned flags, bool ptds, Call& c) {
   c.ptr("event", handle_value(ev)).ptr("stream", handle_value(h));
   EMU_REQUIRE_INIT();
   if (flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) return CUDA_ERROR_INVALID_VALUE;
-  // "This flag is invalid outside of stream capture" (and capture is not emulated yet).
-  if (flags & CU_EVENT_RECORD_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(driver().mu);
   auto e = driver().events.find(handle_value(ev));
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
@@ -133,6 +163,24 @@ CUresult event_record(CUevent ev, CUstream h, unsigned flags, bool ptds, Call& c
   if (!s) return s.error();
   // "event and stream must be on the same context"
   if ((*s)->ctx() != e->ctx) return CUDA_ERROR_INVALID_HANDLE;
+  if (auto cap = (*s)->capture) {
+    if (cap->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (flags & CU_EVENT_RECORD_EXTERNAL) {
+      // An external record becomes an event-record node of the graph.
+      auto g = graph_tables().graphs.find(cap->graph);
+      std::uint64_t node = add_node_locked(*g, {CU_GRAPH_NODE_TYPE_EVENT_RECORD,
+                                                EventNode{handle_value(ev)}},
+                                           (*s)->capture_deps);
+      (*s)->capture_deps = {node};
+    }
+    e->capture = cap;
+    e->capture_deps = (*s)->capture_deps;
+    return CUDA_SUCCESS;
+  }
+  // "This flag is invalid outside of stream capture."
+  if (flags & CU_EVENT_RECORD_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
+  e->capture.reset();
+  e->capture_deps.clear();
   auto ctx = driver().contexts.find((*s)->ctx());
   // Record through enqueue_locked so legacy-stream ordering applies to the record too.
   auto rec = std::make_shared<EventRecord>();
@@ -142,7 +190,10 @@ CUresult event_record(CUevent ev, CUstream h, unsigned flags, bool ptds, Call& c
     return CUDA_SUCCESS;
   };
   rec->point.stream = *s;
-  rec->point.seq = enqueue_locked(*ctx, *s, std::move(op));
+  if (CUresult r = submit_locked(*ctx, *s, std::move(op), {}, &rec->point.seq);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
   e->last = rec;
   return CUDA_SUCCESS;
 }
@@ -284,6 +335,7 @@ EMU_EXPORT CUresult cuEventQuery(CUevent hEvent) {
     std::lock_guard lock(driver().mu);
     auto e = driver().events.find(handle_value(hEvent));
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (e->capture) return CUDA_ERROR_CAPTURED_EVENT;
     if (!e->last) return CUDA_SUCCESS;
     return point_done(e->last->point) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   });
@@ -298,6 +350,7 @@ EMU_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
       std::lock_guard lock(driver().mu);
       auto e = driver().events.find(handle_value(hEvent));
       if (!e) return CUDA_ERROR_INVALID_HANDLE;
+      if (e->capture) return CUDA_ERROR_CAPTURED_EVENT;
       rec = e->last;
     }
     if (!rec) return CUDA_SUCCESS;
@@ -314,6 +367,7 @@ static CUresult elapsed(float* ms, CUevent start, CUevent end, Call& c) {
   auto a = driver().events.find(handle_value(start));
   auto b = driver().events.find(handle_value(end));
   if (!a || !b) return CUDA_ERROR_INVALID_HANDLE;
+  if (a->capture || b->capture) return CUDA_ERROR_CAPTURED_EVENT;
   if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
   if (!a->last || !b->last) return CUDA_ERROR_INVALID_HANDLE;
   if (!point_done(a->last->point) || !point_done(b->last->point)) return CUDA_ERROR_NOT_READY;

@@ -107,7 +107,10 @@ std::expected<Config, std::string> config_from_env() {
     c.d2d_bytes_per_s = *g * 1e9;
   }
   for (auto [var, field] : {std::pair{"THAW_EMU_PAGE_LATENCY_US", &c.page_latency},
-                            std::pair{"THAW_EMU_LAUNCH_LATENCY_US", &c.launch_latency}}) {
+                            std::pair{"THAW_EMU_LAUNCH_LATENCY_US", &c.launch_latency},
+                            std::pair{"THAW_EMU_CAPTURE_NODE_US", &c.capture_node_cost},
+                            std::pair{"THAW_EMU_INSTANTIATE_NODE_US", &c.instantiate_node_cost},
+                            std::pair{"THAW_EMU_GRAPH_NODE_LATENCY_US", &c.graph_node_latency}}) {
     if (const char* v = env(var)) {
       char* end = nullptr;
       double us = std::strtod(v, &end);

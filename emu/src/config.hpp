@@ -22,6 +22,12 @@ struct Config {
   // WarmServe: mapping 10 GB takes about 0.2 s, i.e. ~20 us per 2 MiB page.
   std::chrono::nanoseconds page_latency{20'000};
   std::chrono::nanoseconds launch_latency{5'000};
+  // Graphs. MEDUSA (Qwen1.5 4B: 16,150 nodes over 35 graphs, 0.9 s of capture stage)
+  // gives ~55 us per node for capturing plus instantiating; split 30 + 25.
+  std::chrono::nanoseconds capture_node_cost{30'000};
+  std::chrono::nanoseconds instantiate_node_cost{25'000};
+  // A replayed graph launches its nodes with far less CPU overhead than separate launches.
+  std::chrono::nanoseconds graph_node_latency{1'000};
   std::string trace_path;
   std::string faults_spec;
 };

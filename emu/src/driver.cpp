@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "faults.hpp"
+#include "module.hpp"
 
 namespace emu {
 
@@ -197,6 +198,7 @@ void release_context_resources(Context& ctx, std::unique_lock<std::mutex>& lock)
   lock.unlock();
   drain(streams);
   lock.lock();
+  unload_context_modules_locked(ctx);
   for (auto& s : context_streams_locked(ctx)) s->shutdown();
   auto& d = driver();
   for (auto h : ctx.streams) d.streams.remove(h);

@@ -11,7 +11,22 @@
 
 namespace emu {
 
-enum class HandleTag : std::uint64_t { kContext = 0xC7, kStream = 0x57, kEvent = 0xE7 };
+enum class HandleTag : std::uint64_t {
+  kContext = 0xC7,
+  kStream = 0x57,
+  kEvent = 0xE7,
+  kModule = 0x3D,
+  kFunction = 0xF7,
+  kLibrary = 0x1B,
+  kKernel = 0x4E,
+  kGraph = 0x6A,
+  kGraphNode = 0x6B,
+  kGraphExec = 0x6C,
+};
+
+inline bool has_tag(std::uint64_t handle, HandleTag tag) {
+  return (handle >> 48) == static_cast<std::uint64_t>(tag);
+}
 
 template <class T>
 class HandleTable {

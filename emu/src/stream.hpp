@@ -19,6 +19,7 @@
 namespace emu {
 
 class StreamCore;
+struct CaptureSession;
 
 // A position in a stream: done once the stream has completed `seq` operations.
 struct StreamPoint {
@@ -56,6 +57,11 @@ class StreamCore : public std::enable_shared_from_this<StreamCore> {
   const StickyError& sticky() const { return sticky_; }
   // Synchronises with the legacy default stream (everything but NON_BLOCKING streams).
   bool blocking() const { return kind_ != Kind::kLegacy && !(flags_ & CU_STREAM_NON_BLOCKING); }
+
+  // Stream capture (guarded by driver().mu): the session this stream records into,
+  // and the nodes its next operation will depend on.
+  std::shared_ptr<CaptureSession> capture;
+  std::vector<std::uint64_t> capture_deps;
 
   // All of the following take the scheduler lock themselves.
   std::uint64_t enqueue(StreamOp op);          // returns the op's position
@@ -104,6 +110,9 @@ struct Event {
   std::uint64_t ctx = 0;
   unsigned flags = 0;
   std::shared_ptr<EventRecord> last;  // null until first recorded
+  // Last recorded in a capturing stream: the capture position it marks (fork/join).
+  std::shared_ptr<CaptureSession> capture;
+  std::vector<std::uint64_t> capture_deps;
 };
 
 bool record_done(const EventRecord& r);

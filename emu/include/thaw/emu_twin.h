@@ -57,9 +57,16 @@ const ThawEmuTwin* thawEmuTwins(unsigned* count);
 
 #include <cstddef>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+// Hidden: every kernel library (and the emulator) has its own registry and index variables.
+// With default visibility g++ makes these vague-linkage objects STB_GNU_UNIQUE, which the
+// dynamic linker binds process-wide even under RTLD_LOCAL: a second library in
+// THAW_EMU_KERNELS would register into the first one's vector (reallocating it under the
+// emulator's pointers) and export both libraries' twins.
+#pragma GCC visibility push(hidden)
 namespace thaw::emu {
 
 // The index variables of the thread the twin is running as.
@@ -142,6 +149,7 @@ void run_per_block(const ThawEmuLaunch* l) {
 }
 
 }  // namespace thaw::emu
+#pragma GCC visibility pop
 
 #define THAW_EMU_CONCAT_(a, b) a##b
 #define THAW_EMU_CONCAT(a, b) THAW_EMU_CONCAT_(a, b)

@@ -1,0 +1,819 @@
+// The graph API: building graphs node by node, inspecting captured ones,
+// instantiating and launching them.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "api_common.hpp"
+#include "graph.hpp"
+#include "kernel_exec.hpp"
+#include "module.hpp"
+
+using namespace emu;
+
+#undef cuGraphAddKernelNode
+#undef cuGraphKernelNodeGetParams
+#undef cuGraphKernelNodeSetParams
+#undef cuGraphExecKernelNodeSetParams
+#undef cuGraphGetEdges
+#undef cuGraphAddDependencies
+#undef cuGraphExecUpdate
+#undef cuGraphNodeGetDependencies
+#undef cuGraphNodeGetDependentNodes
+
+namespace {
+
+using Lock = std::lock_guard<std::mutex>;
+
+std::shared_ptr<Graph> find_graph(CUgraph h) { return graph_tables().graphs.find(handle_value(h)); }
+std::shared_ptr<GraphNode> find_node(CUgraphNode h) {
+  return graph_tables().nodes.find(handle_value(h));
+}
+
+// The context a node works in: the one named, else the current one.
+std::expected<Context*, CUresult> node_context(CUcontext named) {
+  return named != nullptr ? context_from_handle_locked(named) : current_context_locked();
+}
+
+CUresult check_deps(const Graph& g, const CUgraphNode* deps, size_t n,
+                    std::vector<std::uint64_t>& out) {
+  if (n > 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < n; ++i) {
+    auto d = find_node(deps[i]);
+    if (!d || d->graph != g.handle) return CUDA_ERROR_INVALID_VALUE;
+    if (std::find(out.begin(), out.end(), d->handle) != out.end()) {
+      return CUDA_ERROR_INVALID_VALUE;  // duplicate dependency
+    }
+    out.push_back(d->handle);
+  }
+  return CUDA_SUCCESS;
+}
+
+template <class Make>
+CUresult add_node(CUgraphNode* ph, CUgraph hg, const CUgraphNode* deps, size_t n, Call& c,
+                  Make&& make) {
+  c.ptr("graph", handle_value(hg)).arg("deps", n);
+  EMU_REQUIRE_INIT();
+  if (ph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Lock lock(driver().mu);
+  auto g = find_graph(hg);
+  if (!g) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::uint64_t> dep_handles;
+  if (CUresult r = check_deps(*g, deps, n, dep_handles); r != CUDA_SUCCESS) return r;
+  NodeSpec spec;
+  if (CUresult r = make(spec); r != CUDA_SUCCESS) return r;
+  std::uint64_t h = add_node_locked(*g, std::move(spec), dep_handles);
+  *ph = to_handle<CUgraphNode>(h);
+  c.out_ptr("node", h);
+  return CUDA_SUCCESS;
+}
+
+// Builds a kernel node as a launch would (caller holds driver().mu).
+CUresult make_kernel_node(std::uint64_t func, const unsigned grid[3], const unsigned block[3],
+                          unsigned shared, void** kernelParams, void** extra, CUcontext named,
+                          Call& c, KernelNode& node) {
+  auto ctx = node_context(named);
+  if (!ctx) return ctx.error();
+  auto fn = function_for_launch_locked(func, **ctx, c);
+  if (!fn) return fn.error();
+  const KernelInfo& k = (*fn)->info();
+  if (CUresult r = check_geometry(grid, block, shared, false, **fn); r != CUDA_SUCCESS) return r;
+  if (CUresult r = pack_params(k, kernelParams, extra, node.params); r != CUDA_SUCCESS) return r;
+  node.function = (*fn)->handle;
+  node.ctx = (*ctx)->handle;
+  std::copy(grid, grid + 3, node.grid);
+  std::copy(block, block + 3, node.block);
+  node.shared = shared;
+  node.offsets.clear();
+  for (const auto& p : k.params) node.offsets.push_back(p.offset);
+  node.twin = (*fn)->twin;
+  node.name = k.name;
+  return CUDA_SUCCESS;
+}
+
+template <class P>
+CUresult kernel_node_from_params(const P* p, CUcontext named, Call& c, KernelNode& node) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+  unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+  std::uint64_t func = handle_value(p->func);
+  if constexpr (requires { p->kern; }) {
+    if (p->kern != nullptr) func = handle_value(p->kern);
+  }
+  return make_kernel_node(func, grid, block, p->sharedMemBytes, p->kernelParams, p->extra, named,
+                          c, node);
+}
+
+// Points at the node's own parameter bank; valid while the node lives (as documented
+// for cuGraphKernelNodeGetParams).
+std::map<std::uint64_t, std::vector<void*>>& param_views() {
+  static std::map<std::uint64_t, std::vector<void*>> v;
+  return v;
+}
+
+template <class P>
+void fill_params(const GraphNode& n, P* out) {
+  const auto& k = std::get<KernelNode>(n.data);
+  auto& view = param_views()[n.handle];
+  view.clear();
+  for (unsigned off : k.offsets) view.push_back(const_cast<std::uint8_t*>(k.params.data()) + off);
+  *out = P{};
+  out->func = to_handle<CUfunction>(k.function);
+  out->gridDimX = k.grid[0];
+  out->gridDimY = k.grid[1];
+  out->gridDimZ = k.grid[2];
+  out->blockDimX = k.block[0];
+  out->blockDimY = k.block[1];
+  out->blockDimZ = k.block[2];
+  out->sharedMemBytes = k.shared;
+  out->kernelParams = view.data();
+  out->extra = nullptr;
+  if constexpr (requires { out->ctx; }) out->ctx = to_handle<CUcontext>(k.ctx);
+}
+
+CUresult memcpy_node_from(const CUDA_MEMCPY3D* p, CUcontext named, MemcpyNode& node) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto ctx = node_context(named);
+  if (!ctx) return ctx.error();
+  // The one-dimensional subset (what engines use for graph copies).
+  if (p->Height > 1 || p->Depth > 1 || p->srcXInBytes || p->srcY || p->srcZ || p->dstXInBytes ||
+      p->dstY || p->dstZ) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  auto side = [](int type, CUdeviceptr dev, const void* host, std::uint64_t& addr, bool& device) {
+    switch (type) {
+      case CU_MEMORYTYPE_HOST:
+        addr = reinterpret_cast<std::uint64_t>(host);
+        device = false;
+        return true;
+      case CU_MEMORYTYPE_DEVICE:
+        addr = dev;
+        device = true;
+        return true;
+      case CU_MEMORYTYPE_UNIFIED:
+        addr = dev;
+        device = driver().space.classify(dev) == MemoryClass::kDevice;
+        return true;
+      default:
+        return false;
+    }
+  };
+  std::shared_lock space(driver().space_mu);
+  if (!side(raw(p->dstMemoryType), p->dstDevice, p->dstHost, node.dst, node.dst_device) ||
+      !side(raw(p->srcMemoryType), p->srcDevice, p->srcHost, node.src, node.src_device)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  node.bytes = p->WidthInBytes;
+  int device = (*ctx)->device;
+  if (node.dst_device) {
+    if (driver().space.check_device_shape(node.dst, node.bytes, &device) != CUDA_SUCCESS) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  if (node.src_device) {
+    if (driver().space.check_device_shape(node.src, node.bytes, &device) != CUDA_SUCCESS) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  node.device = device;
+  node.ctx = (*ctx)->handle;
+  return CUDA_SUCCESS;
+}
+
+// Topological order (Kahn, creation order among ready nodes); empty if there is a cycle.
+std::vector<std::uint64_t> topo_order(const Graph& g) {
+  auto& nodes = graph_tables().nodes;
+  std::map<std::uint64_t, std::size_t> pending;
+  std::map<std::uint64_t, std::vector<std::uint64_t>> out;
+  for (auto h : g.nodes) {
+    auto n = nodes.find(h);
+    pending[h] = n->deps.size();
+    for (auto d : n->deps) out[d].push_back(h);
+  }
+  std::vector<std::uint64_t> order;
+  std::vector<std::uint64_t> ready;
+  for (auto h : g.nodes) {
+    if (pending[h] == 0) ready.push_back(h);
+  }
+  while (!ready.empty()) {
+    std::uint64_t h = ready.front();
+    ready.erase(ready.begin());
+    order.push_back(h);
+    for (auto m : out[h]) {
+      if (--pending[m] == 0) ready.push_back(m);
+    }
+  }
+  if (order.size() != g.nodes.size()) order.clear();
+  return order;
+}
+
+CUresult instantiate(CUgraphExec* ph, CUgraph hg, unsigned long long flags, Call& c) {
+  c.ptr("graph", handle_value(hg)).arg("flags", flags);
+  auto t0 = Clock::now();
+  EMU_REQUIRE_INIT();
+  if (ph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  constexpr unsigned long long kKnown =
+      CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+      CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+  if (flags & ~kKnown) return CUDA_ERROR_INVALID_VALUE;
+  // UPLOAD needs a stream (cuGraphInstantiateWithParams); device launch is not emulated.
+  if (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) return CUDA_ERROR_INVALID_VALUE;
+  if (flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH) return CUDA_ERROR_NOT_SUPPORTED;
+  std::size_t count = 0;
+  {
+    Lock lock(driver().mu);
+    auto g = find_graph(hg);
+    if (!g || g->capturing) return CUDA_ERROR_INVALID_VALUE;
+    auto order = topo_order(*g);
+    if (order.size() != g->nodes.size()) return CUDA_ERROR_INVALID_VALUE;  // a cycle
+    auto exec = std::make_shared<GraphExec>();
+    exec->graph = g->handle;
+    exec->flags = flags;
+    std::map<std::uint64_t, std::size_t> index;
+    for (auto h : order) {
+      auto n = graph_tables().nodes.find(h);
+      ExecNode e{h, n->type, n->data, {}};
+      for (auto d : n->deps) e.deps.push_back(index[d]);
+      index[h] = exec->nodes.size();
+      exec->nodes.push_back(std::move(e));
+    }
+    count = exec->nodes.size();
+    exec->handle = graph_tables().execs.add(exec);
+    *ph = to_handle<CUgraphExec>(exec->handle);
+    c.out_ptr("exec", exec->handle).out("nodes", count);
+  }
+  if (driver().timing()) {
+    wait_until(t0 + driver().cfg().instantiate_node_cost * static_cast<long>(count));
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult graph_launch(CUgraphExec he, CUstream hs, bool ptds, Call& c) {
+  c.ptr("exec", handle_value(he)).ptr("stream", handle_value(hs));
+  EMU_REQUIRE_INIT();
+  Lock lock(driver().mu);
+  auto exec = graph_tables().execs.find(handle_value(he));
+  if (!exec) return CUDA_ERROR_INVALID_VALUE;
+  auto s = resolve_stream_locked(hs, ptds);
+  if (!s) return s.error();
+  if (auto cap = (*s)->capture) {  // child-graph capture is not emulated
+    cap->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  auto ctx = driver().contexts.find((*s)->ctx());
+  StreamOp op;
+  std::vector<std::function<CUresult()>> works;
+  std::vector<std::shared_ptr<EventRecord>> records;
+  for (const auto& n : exec->nodes) {
+    if (n.type == CU_GRAPH_NODE_TYPE_KERNEL && std::get<KernelNode>(n.data).twin == nullptr) {
+      report_missing_twin(std::get<KernelNode>(n.data).name.c_str());
+      return CUDA_ERROR_NOT_FOUND;
+    }
+    if (n.type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) {
+      auto e = driver().events.find(std::get<EventNode>(n.data).event);
+      if (e && e->last) op.waits.push_back(e->last->point);
+      continue;
+    }
+    if (n.type == CU_GRAPH_NODE_TYPE_EVENT_RECORD) {
+      auto e = driver().events.find(std::get<EventNode>(n.data).event);
+      if (!e) continue;
+      auto rec = std::make_shared<EventRecord>();
+      rec->point.stream = *s;
+      e->last = rec;
+      e->capture.reset();
+      records.push_back(rec);
+      works.push_back([rec] {
+        rec->time = Clock::now();
+        return CUDA_SUCCESS;
+      });
+      continue;
+    }
+    StreamOp node_op = op_for_node({n.type, n.data});
+    op.model += node_op.model + driver().cfg().graph_node_latency;
+    op.runs_user_code = op.runs_user_code || node_op.runs_user_code;
+    if (node_op.work) works.push_back(std::move(node_op.work));
+  }
+  // Nodes run in topological order, one after another: a valid schedule of the graph.
+  op.work = [works = std::move(works)] {
+    for (const auto& w : works) {
+      if (CUresult r = w(); r != CUDA_SUCCESS) return r;
+    }
+    return CUDA_SUCCESS;
+  };
+  std::uint64_t seq = 0;
+  if (CUresult r = submit_locked(*ctx, *s, std::move(op), {}, &seq); r != CUDA_SUCCESS) return r;
+  for (auto& rec : records) rec->point.seq = seq;
+  return CUDA_SUCCESS;
+}
+
+void destroy_graph_locked(std::uint64_t handle) {
+  auto& t = graph_tables();
+  auto g = t.graphs.remove(handle);
+  if (!g) return;
+  for (auto n : g->nodes) {
+    t.nodes.remove(n);
+    param_views().erase(n);
+  }
+}
+
+}  // namespace
+
+EMU_EXPORT CUresult cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
+  return api("cuGraphCreate", [&](Call& c) {
+    EMU_REQUIRE_INIT();
+    if (phGraph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    auto g = std::make_shared<Graph>();
+    g->handle = graph_tables().graphs.add(g);
+    *phGraph = to_handle<CUgraph>(g->handle);
+    c.out_ptr("graph", g->handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+EMU_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
+  return api("cuGraphDestroy", [&](Call& c) {
+    c.ptr("graph", handle_value(hGraph));
+    EMU_REQUIRE_INIT();
+    Lock lock(driver().mu);
+    auto g = find_graph(hGraph);
+    if (!g || g->capturing) return CUDA_ERROR_INVALID_VALUE;
+    destroy_graph_locked(g->handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+EMU_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode* ph, CUgraph g, const CUgraphNode* deps,
+                                         size_t n, const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  return api("cuGraphAddKernelNode", [&](Call& c) {
+    return add_node(ph, g, deps, n, c, [&](NodeSpec& spec) {
+      KernelNode k;
+      CUresult r = kernel_node_from_params(p, nullptr, c, k);
+      spec = {CU_GRAPH_NODE_TYPE_KERNEL, std::move(k)};
+      return r;
+    });
+  });
+}
+
+EMU_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode* ph, CUgraph g, const CUgraphNode* deps,
+                                            size_t n, const CUDA_KERNEL_NODE_PARAMS* p) {
+  return api("cuGraphAddKernelNode", [&](Call& c) {
+    return add_node(ph, g, deps, n, c, [&](NodeSpec& spec) {
+      KernelNode k;
+      CUresult r = kernel_node_from_params(p, p != nullptr ? p->ctx : nullptr, c, k);
+      spec = {CU_GRAPH_NODE_TYPE_KERNEL, std::move(k)};
+      return r;
+    });
+  });
+}
+
+EMU_EXPORT CUresult cuGraphAddMemsetNode(CUgraphNode* ph, CUgraph g, const CUgraphNode* deps,
+                                         size_t n, const CUDA_MEMSET_NODE_PARAMS* p,
+                                         CUcontext ctx) {
+  return api("cuGraphAddMemsetNode", [&](Call& c) {
+    return add_node(ph, g, deps, n, c, [&](NodeSpec& spec) {
+      if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      auto cx = node_context(ctx);
+      if (!cx) return cx.error();
+      unsigned es = p->elementSize;
+      if ((es != 1 && es != 2 && es != 4) || p->width == 0 || p->height == 0 || p->dst % es) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (p->height > 1 && p->pitch < p->width * es) return CUDA_ERROR_INVALID_VALUE;
+      std::shared_lock space(driver().space_mu);
+      std::uint64_t extent = (p->height - 1) * p->pitch + p->width * es;
+      if (driver().space.check_device_shape(p->dst, extent) != CUDA_SUCCESS) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      spec = {CU_GRAPH_NODE_TYPE_MEMSET,
+              MemsetNode{p->dst, p->pitch, p->value, es, p->width, p->height, (*cx)->handle}};
+      return CUDA_SUCCESS;
+    });
+  });
+}
+
+EMU_EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode* ph, CUgraph g, const CUgraphNode* deps,
+                                         size_t n, const CUDA_MEMCPY3D* p, CUcontext ctx) {
+  return api("cuGraphAddMemcpyNode", [&](Call& c) {
+    return add_node(ph, g, deps, n, c, [&](NodeSpec& spec) {
+      MemcpyNode m;
+      CUresult r = memcpy_node_from(p, ctx, m);
+      spec = {CU_GRAPH_NODE_TYPE_MEMCPY, m};
+      return r;
+    });
+  });
+}
+
+EMU_EXPORT CUresult cuGraphAddHostNode(CUgraphNode* ph, CUgraph g, const CUgraphNode* deps,
+                                       size_t n, const CUDA_HOST_NODE_PARAMS* p) {
+  return api("cuGraphAddHostNode", [&](Call& c) {
+    return add_node(ph, g, deps, n, c, [&](NodeSpec& spec) {
+      if (p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      spec = {CU_GRAPH_NODE_TYPE_HOST, HostNode{p->fn, p->userData}};
+      return CUDA_SUCCESS;
+    });
+  });
+}
+
+EMU_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode* ph, CUgraph g, const CUgraphNode* deps,
+                                        size_t n) {
+  return api("cuGraphAddEmptyNode", [&](Call& c) {
+    return add_node(ph, g, deps, n, c, [&](NodeSpec& spec) {
+      spec = {CU_GRAPH_NODE_TYPE_EMPTY, EmptyNode{}};
+      return CUDA_SUCCESS;
+    });
+  });
+}
+
+static CUresult event_node(CUgraphNode* ph, CUgraph g, const CUgraphNode* deps, size_t n,
+                           CUevent ev, CUgraphNodeType type, Call& c) {
+  return add_node(ph, g, deps, n, c, [&](NodeSpec& spec) {
+    if (!driver().events.find(handle_value(ev))) return CUDA_ERROR_INVALID_VALUE;
+    spec = {type, EventNode{handle_value(ev)}};
+    return CUDA_SUCCESS;
+  });
+}
+
+EMU_EXPORT CUresult cuGraphAddEventRecordNode(CUgraphNode* ph, CUgraph g, const CUgraphNode* deps,
+                                              size_t n, CUevent ev) {
+  return api("cuGraphAddEventRecordNode", [&](Call& c) {
+    return event_node(ph, g, deps, n, ev, CU_GRAPH_NODE_TYPE_EVENT_RECORD, c);
+  });
+}
+
+EMU_EXPORT CUresult cuGraphAddEventWaitNode(CUgraphNode* ph, CUgraph g, const CUgraphNode* deps,
+                                            size_t n, CUevent ev) {
+  return api("cuGraphAddEventWaitNode", [&](Call& c) {
+    return event_node(ph, g, deps, n, ev, CU_GRAPH_NODE_TYPE_WAIT_EVENT, c);
+  });
+}
+
+static CUresult add_dependencies(CUgraph hg, const CUgraphNode* from, const CUgraphNode* to,
+                                 const CUgraphEdgeData* edges, size_t n, Call& c) {
+  c.ptr("graph", handle_value(hg)).arg("count", n);
+  EMU_REQUIRE_INIT();
+  if (n > 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  if (edges != nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      // Only default edges (full dependency) are emulated.
+      if (edges[i].type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT || edges[i].from_port != 0 ||
+          edges[i].to_port != 0) {
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+    }
+  }
+  Lock lock(driver().mu);
+  auto g = find_graph(hg);
+  if (!g) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::pair<std::shared_ptr<GraphNode>, std::uint64_t>> adds;
+  for (size_t i = 0; i < n; ++i) {
+    auto a = find_node(from[i]);
+    auto b = find_node(to[i]);
+    if (!a || !b || a->graph != g->handle || b->graph != g->handle || a == b) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (std::find(b->deps.begin(), b->deps.end(), a->handle) != b->deps.end()) {
+      return CUDA_ERROR_INVALID_VALUE;  // already there
+    }
+    adds.emplace_back(b, a->handle);
+  }
+  for (auto& [b, a] : adds) b->deps.push_back(a);
+  return CUDA_SUCCESS;
+}
+
+EMU_EXPORT CUresult cuGraphAddDependencies(CUgraph g, const CUgraphNode* from,
+                                           const CUgraphNode* to, size_t n) {
+  return api("cuGraphAddDependencies",
+             [&](Call& c) { return add_dependencies(g, from, to, nullptr, n, c); });
+}
+
+EMU_EXPORT CUresult cuGraphAddDependencies_v2(CUgraph g, const CUgraphNode* from,
+                                              const CUgraphNode* to, const CUgraphEdgeData* e,
+                                              size_t n) {
+  return api("cuGraphAddDependencies",
+             [&](Call& c) { return add_dependencies(g, from, to, e, n, c); });
+}
+
+// Fills an array the CUDA way: NULL array → the count; else up to *count entries and
+// *count set to how many were written.
+template <class H>
+CUresult fill_list(const std::vector<std::uint64_t>& items, H* out, size_t* count) {
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (out == nullptr) {
+    *count = items.size();
+    return CUDA_SUCCESS;
+  }
+  size_t k = std::min(*count, items.size());
+  for (size_t i = 0; i < k; ++i) out[i] = to_handle<H>(items[i]);
+  for (size_t i = k; i < *count; ++i) out[i] = nullptr;
+  *count = k;
+  return CUDA_SUCCESS;
+}
+
+EMU_EXPORT CUresult cuGraphGetNodes(CUgraph hg, CUgraphNode* nodes, size_t* numNodes) {
+  return api("cuGraphGetNodes", [&](Call&) {
+    EMU_REQUIRE_INIT();
+    Lock lock(driver().mu);
+    auto g = find_graph(hg);
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    return fill_list(g->nodes, nodes, numNodes);
+  });
+}
+
+EMU_EXPORT CUresult cuGraphGetRootNodes(CUgraph hg, CUgraphNode* roots, size_t* numRoots) {
+  return api("cuGraphGetRootNodes", [&](Call&) {
+    EMU_REQUIRE_INIT();
+    Lock lock(driver().mu);
+    auto g = find_graph(hg);
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<std::uint64_t> r;
+    for (auto h : g->nodes) {
+      if (graph_tables().nodes.find(h)->deps.empty()) r.push_back(h);
+    }
+    return fill_list(r, roots, numRoots);
+  });
+}
+
+static CUresult get_edges(CUgraph hg, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* data,
+                          size_t* num) {
+  EMU_REQUIRE_INIT();
+  if (num == nullptr || ((from == nullptr) != (to == nullptr))) return CUDA_ERROR_INVALID_VALUE;
+  Lock lock(driver().mu);
+  auto g = find_graph(hg);
+  if (!g) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::uint64_t> a, b;
+  for (auto h : g->nodes) {
+    for (auto d : graph_tables().nodes.find(h)->deps) {
+      a.push_back(d);
+      b.push_back(h);
+    }
+  }
+  if (from == nullptr) {
+    *num = a.size();
+    return CUDA_SUCCESS;
+  }
+  size_t want = *num;
+  fill_list(a, from, num);
+  fill_list(b, to, &want);
+  if (data != nullptr) {
+    for (size_t i = 0; i < *num; ++i) data[i] = CUgraphEdgeData{};
+  }
+  return CUDA_SUCCESS;
+}
+
+EMU_EXPORT CUresult cuGraphGetEdges(CUgraph g, CUgraphNode* from, CUgraphNode* to, size_t* n) {
+  return api("cuGraphGetEdges", [&](Call&) { return get_edges(g, from, to, nullptr, n); });
+}
+
+EMU_EXPORT CUresult cuGraphGetEdges_v2(CUgraph g, CUgraphNode* from, CUgraphNode* to,
+                                       CUgraphEdgeData* e, size_t* n) {
+  return api("cuGraphGetEdges", [&](Call&) { return get_edges(g, from, to, e, n); });
+}
+
+EMU_EXPORT CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType* type) {
+  return api("cuGraphNodeGetType", [&](Call&) {
+    EMU_REQUIRE_INIT();
+    if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    auto n = find_node(hNode);
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    *type = n->type;
+    return CUDA_SUCCESS;
+  });
+}
+
+template <class P>
+static CUresult kernel_get(CUgraphNode h, P* out) {
+  EMU_REQUIRE_INIT();
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Lock lock(driver().mu);
+  auto n = find_node(h);
+  if (!n || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+  fill_params(*n, out);
+  return CUDA_SUCCESS;
+}
+
+EMU_EXPORT CUresult cuGraphKernelNodeGetParams(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  return api("cuGraphKernelNodeGetParams", [&](Call&) { return kernel_get(h, p); });
+}
+EMU_EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS* p) {
+  return api("cuGraphKernelNodeGetParams", [&](Call&) { return kernel_get(h, p); });
+}
+
+template <class P>
+static CUresult kernel_set(CUgraphNode h, const P* p, Call& c) {
+  EMU_REQUIRE_INIT();
+  Lock lock(driver().mu);
+  auto n = find_node(h);
+  if (!n || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+  CUcontext named = nullptr;
+  if constexpr (requires { p->ctx; }) {
+    if (p != nullptr) named = p->ctx;
+  }
+  if (named == nullptr) named = to_handle<CUcontext>(std::get<KernelNode>(n->data).ctx);
+  KernelNode k;
+  k.priority = std::get<KernelNode>(n->data).priority;
+  if (CUresult r = kernel_node_from_params(p, named, c, k); r != CUDA_SUCCESS) return r;
+  n->data = std::move(k);
+  return CUDA_SUCCESS;
+}
+
+EMU_EXPORT CUresult cuGraphKernelNodeSetParams(CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  return api("cuGraphKernelNodeSetParams", [&](Call& c) { return kernel_set(h, p, c); });
+}
+EMU_EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode h, const CUDA_KERNEL_NODE_PARAMS* p) {
+  return api("cuGraphKernelNodeSetParams", [&](Call& c) { return kernel_set(h, p, c); });
+}
+
+EMU_EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode h, CUkernelNodeAttrID attr,
+                                                  CUkernelNodeAttrValue* value) {
+  return api("cuGraphKernelNodeGetAttribute", [&](Call&) {
+    EMU_REQUIRE_INIT();
+    if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    auto n = find_node(h);
+    if (!n || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+    if (raw(attr) != CU_LAUNCH_ATTRIBUTE_PRIORITY) return CUDA_ERROR_NOT_SUPPORTED;
+    value->priority = std::get<KernelNode>(n->data).priority;
+    return CUDA_SUCCESS;
+  });
+}
+
+EMU_EXPORT CUresult cuGraphKernelNodeSetAttribute(CUgraphNode h, CUkernelNodeAttrID attr,
+                                                  const CUkernelNodeAttrValue* value) {
+  return api("cuGraphKernelNodeSetAttribute", [&](Call&) {
+    EMU_REQUIRE_INIT();
+    if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    auto n = find_node(h);
+    if (!n || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+    if (raw(attr) != CU_LAUNCH_ATTRIBUTE_PRIORITY) return CUDA_ERROR_NOT_SUPPORTED;
+    std::get<KernelNode>(n->data).priority =
+        std::clamp(value->priority, kGreatestStreamPriority, kLeastStreamPriority);
+    return CUDA_SUCCESS;
+  });
+}
+
+EMU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* ph, CUgraph g, unsigned long long f) {
+  return api("cuGraphInstantiateWithFlags", [&](Call& c) { return instantiate(ph, g, f, c); });
+}
+
+EMU_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+  return api("cuGraphLaunch", [&](Call& c) { return graph_launch(e, s, false, c); });
+}
+EMU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) {
+  return api("cuGraphLaunch", [&](Call& c) { return graph_launch(e, s, true, c); });
+}
+
+EMU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
+  return api("cuGraphExecDestroy", [&](Call&) {
+    EMU_REQUIRE_INIT();
+    Lock lock(driver().mu);
+    // A launched exec keeps running: its operation owns copies of the nodes.
+    return graph_tables().execs.remove(handle_value(e)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+EMU_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec he, CUgraph hg,
+                                         CUgraphExecUpdateResultInfo* info) {
+  return api("cuGraphExecUpdate", [&](Call&) {
+    EMU_REQUIRE_INIT();
+    if (info == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *info = CUgraphExecUpdateResultInfo{};
+    Lock lock(driver().mu);
+    auto exec = graph_tables().execs.find(handle_value(he));
+    auto g = find_graph(hg);
+    if (!exec || !g) return CUDA_ERROR_INVALID_VALUE;
+    auto fail = [&](CUgraphExecUpdateResult why, std::uint64_t node) {
+      info->result = why;
+      info->errorNode = to_handle<CUgraphNode>(node);
+      return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    };
+    // Same topology: pair nodes in creation order, compare types and edges.
+    if (g->nodes.size() != exec->nodes.size()) {
+      return fail(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, 0);
+    }
+    auto src = find_graph(to_handle<CUgraph>(exec->graph));
+    std::map<std::uint64_t, std::size_t> exec_index;  // original node -> exec position
+    for (std::size_t i = 0; i < exec->nodes.size(); ++i) exec_index[exec->nodes[i].node] = i;
+    std::map<std::uint64_t, std::uint64_t> pair;  // new node -> original node
+    std::vector<std::uint64_t> originals;
+    if (src) {
+      originals = src->nodes;
+    } else {
+      for (auto& n : exec->nodes) originals.push_back(n.node);
+      std::sort(originals.begin(), originals.end());
+    }
+    for (std::size_t i = 0; i < g->nodes.size(); ++i) pair[g->nodes[i]] = originals[i];
+    std::vector<std::pair<std::size_t, NodeData>> updates;
+    for (auto h : g->nodes) {
+      auto n = graph_tables().nodes.find(h);
+      auto it = exec_index.find(pair[h]);
+      if (it == exec_index.end()) return fail(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, h);
+      ExecNode& e = exec->nodes[it->second];
+      if (e.type != n->type) return fail(CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED, h);
+      std::vector<std::size_t> deps;
+      for (auto d : n->deps) deps.push_back(exec_index[pair[d]]);
+      std::vector<std::size_t> a = deps, b = e.deps;
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      if (a != b) return fail(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, h);
+      if (n->type == CU_GRAPH_NODE_TYPE_KERNEL &&
+          std::get<KernelNode>(n->data).ctx != std::get<KernelNode>(e.data).ctx) {
+        return fail(CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED, h);
+      }
+      updates.emplace_back(it->second, n->data);
+    }
+    for (auto& [i, data] : updates) exec->nodes[i].data = std::move(data);
+    info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+    return CUDA_SUCCESS;
+  });
+}
+
+template <class P>
+static CUresult exec_kernel_set(CUgraphExec he, CUgraphNode hn, const P* p, Call& c) {
+  EMU_REQUIRE_INIT();
+  Lock lock(driver().mu);
+  auto exec = graph_tables().execs.find(handle_value(he));
+  if (!exec) return CUDA_ERROR_INVALID_VALUE;
+  auto it = std::find_if(exec->nodes.begin(), exec->nodes.end(),
+                         [&](const ExecNode& e) { return e.node == handle_value(hn); });
+  if (it == exec->nodes.end() || it->type != CU_GRAPH_NODE_TYPE_KERNEL) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  KernelNode k;
+  auto& old = std::get<KernelNode>(it->data);
+  k.priority = old.priority;
+  if (CUresult r = kernel_node_from_params(p, to_handle<CUcontext>(old.ctx), c, k);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (k.ctx != old.ctx) return CUDA_ERROR_INVALID_VALUE;  // cannot move between contexts
+  it->data = std::move(k);
+  return CUDA_SUCCESS;
+}
+
+EMU_EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n,
+                                                   const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  return api("cuGraphExecKernelNodeSetParams",
+             [&](Call& c) { return exec_kernel_set(e, n, p, c); });
+}
+EMU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n,
+                                                      const CUDA_KERNEL_NODE_PARAMS* p) {
+  return api("cuGraphExecKernelNodeSetParams",
+             [&](Call& c) { return exec_kernel_set(e, n, p, c); });
+}
+
+EMU_EXPORT CUresult cuGraphClone(CUgraph* phClone, CUgraph original) {
+  return api("cuGraphClone", [&](Call& c) {
+    EMU_REQUIRE_INIT();
+    if (phClone == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    auto g = find_graph(original);
+    if (!g || g->capturing) return CUDA_ERROR_INVALID_VALUE;
+    auto clone = std::make_shared<Graph>();
+    clone->handle = graph_tables().graphs.add(clone);
+    std::map<std::uint64_t, std::uint64_t> map;
+    for (auto h : g->nodes) {
+      auto n = graph_tables().nodes.find(h);
+      std::vector<std::uint64_t> deps;
+      for (auto d : n->deps) deps.push_back(map[d]);
+      map[h] = add_node_locked(*clone, {n->type, n->data}, deps);
+    }
+    *phClone = to_handle<CUgraph>(clone->handle);
+    c.out_ptr("graph", clone->handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+EMU_EXPORT CUresult cuGraphDebugDotPrint(CUgraph hg, const char* path, unsigned int flags) {
+  return api("cuGraphDebugDotPrint", [&](Call& c) {
+    c.arg("path", path).arg("flags", flags);
+    EMU_REQUIRE_INIT();
+    if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    auto g = find_graph(hg);
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    std::ofstream out(path);
+    if (!out) return CUDA_ERROR_OPERATING_SYSTEM;
+    out << "digraph thaw_emu_graph {\n";
+    for (auto h : g->nodes) {
+      auto n = graph_tables().nodes.find(h);
+      std::string label;
+      switch (n->type) {
+        case CU_GRAPH_NODE_TYPE_KERNEL: label = "kernel " + std::get<KernelNode>(n->data).name; break;
+        case CU_GRAPH_NODE_TYPE_MEMCPY: label = "memcpy"; break;
+        case CU_GRAPH_NODE_TYPE_MEMSET: label = "memset"; break;
+        case CU_GRAPH_NODE_TYPE_HOST: label = "host"; break;
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD: label = "event record"; break;
+        case CU_GRAPH_NODE_TYPE_WAIT_EVENT: label = "event wait"; break;
+        default: label = "empty"; break;
+      }
+      out << "  n" << std::hex << h << std::dec << " [label=\"" << label << "\"];\n";
+      for (auto d : n->deps) out << "  n" << std::hex << d << " -> n" << h << std::dec << ";\n";
+    }
+    out << "}\n";
+    return out ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
+  });
+}
