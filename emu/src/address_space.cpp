@@ -18,12 +18,11 @@ MappedRange::~MappedRange() {
   if (size_ != 0) munmap(reinterpret_cast<void*>(va_), size_);
 }
 
-std::optional<MappedRange> reserve_va(std::uint64_t size, std::uint64_t align,
-                                      std::uint64_t hint) {
+std::optional<MappedRange> reserve_va(std::uint64_t size, std::uint64_t align, std::uint64_t hint) {
   constexpr int kFlags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
   if (hint != 0 && hint % align == 0) {
-    void* p = mmap(reinterpret_cast<void*>(hint), size, PROT_NONE, kFlags | MAP_FIXED_NOREPLACE,
-                   -1, 0);
+    void* p =
+        mmap(reinterpret_cast<void*>(hint), size, PROT_NONE, kFlags | MAP_FIXED_NOREPLACE, -1, 0);
     if (p != MAP_FAILED) return MappedRange(reinterpret_cast<std::uint64_t>(p), size);
   }
   // Over-reserve and trim to get the alignment.

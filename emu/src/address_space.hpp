@@ -82,15 +82,15 @@ struct PinnedHost {  // cuMemHostAlloc / cuMemAllocHost / cuMemHostRegister
   unsigned flags = 0;
   bool registered = false;  // user memory; else we allocated it
   std::uint64_t ctx = 0;
-  MappedRange owned;        // when allocated by us
+  MappedRange owned;  // when allocated by us
 };
 
 enum class MemoryClass { kUnknownHost, kPinnedHost, kDevice };
 
 struct DeviceRangeInfo {
   int device = 0;
-  std::uint64_t ctx = 0;           // 0 for VMM memory (not owned by a context)
-  std::uint64_t base = 0;          // allocation (or mapping) start
+  std::uint64_t ctx = 0;   // 0 for VMM memory (not owned by a context)
+  std::uint64_t base = 0;  // allocation (or mapping) start
   std::uint64_t size = 0;
   bool vmm = false;
 };

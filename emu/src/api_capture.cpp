@@ -131,7 +131,7 @@ CUresult capture_status(CUstream h, bool ptds, CUstreamCaptureStatus* status,
     }
   }
   auto cap = (*s)->capture;
-  *status = !cap                  ? CU_STREAM_CAPTURE_STATUS_NONE
+  *status = !cap               ? CU_STREAM_CAPTURE_STATUS_NONE
             : cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                                : CU_STREAM_CAPTURE_STATUS_ACTIVE;
   *stream_out = *s;
@@ -148,8 +148,8 @@ CUresult is_capturing(CUstream h, CUstreamCaptureStatus* status, bool ptds, Call
 }
 
 CUresult capture_info(CUstream h, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
-                      const CUgraphNode** deps, const CUgraphEdgeData** edges,
-                      size_t* num_deps, bool ptds, Call& c) {
+                      const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* num_deps,
+                      bool ptds, Call& c) {
   c.ptr("stream", handle_value(h));
   EMU_REQUIRE_INIT();
   if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -184,7 +184,8 @@ EMU_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream h) {
              [&](Call& c) { return begin_capture(h, CU_STREAM_CAPTURE_MODE_GLOBAL, true, c); });
 }
 EMU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode) {
-  return api("cuStreamBeginCapture", [&](Call& c) { return begin_capture(h, raw(mode), false, c); });
+  return api("cuStreamBeginCapture",
+             [&](Call& c) { return begin_capture(h, raw(mode), false, c); });
 }
 EMU_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode) {
   return api("cuStreamBeginCapture", [&](Call& c) { return begin_capture(h, raw(mode), true, c); });
@@ -215,9 +216,8 @@ EMU_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream h, CUstreamCaptureStatu
     return capture_info(h, st, id, nullptr, nullptr, nullptr, nullptr, true, c);
   });
 }
-EMU_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus* st,
-                                              cuuint64_t* id, CUgraph* g,
-                                              const CUgraphNode** deps, size_t* n) {
+EMU_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus* st, cuuint64_t* id,
+                                              CUgraph* g, const CUgraphNode** deps, size_t* n) {
   return api("cuStreamGetCaptureInfo",
              [&](Call& c) { return capture_info(h, st, id, g, deps, nullptr, n, false, c); });
 }
@@ -227,9 +227,8 @@ EMU_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream h, CUstreamCaptureSt
   return api("cuStreamGetCaptureInfo",
              [&](Call& c) { return capture_info(h, st, id, g, deps, nullptr, n, true, c); });
 }
-EMU_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus* st,
-                                              cuuint64_t* id, CUgraph* g,
-                                              const CUgraphNode** deps,
+EMU_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus* st, cuuint64_t* id,
+                                              CUgraph* g, const CUgraphNode** deps,
                                               const CUgraphEdgeData** edges, size_t* n) {
   return api("cuStreamGetCaptureInfo",
              [&](Call& c) { return capture_info(h, st, id, g, deps, edges, n, false, c); });

@@ -7,8 +7,8 @@
 
 #define EMU_EXPORT extern "C"
 
-#define EMU_REQUIRE_INIT()                                        \
-  do {                                                            \
+#define EMU_REQUIRE_INIT()                                                 \
+  do {                                                                     \
     if (!::emu::driver().initialized()) return CUDA_ERROR_NOT_INITIALIZED; \
   } while (0)
 
@@ -25,12 +25,16 @@ int raw(const E& e) {
   return v;
 }
 
-inline bool valid_device(CUdevice d) { return d >= 0 && d < driver().device_count(); }
+inline bool valid_device(CUdevice d) {
+  return d >= 0 && d < driver().device_count();
+}
 
 // cuMemAlloc's allocation and release, for other parts of the driver (module globals).
 CUresult legacy_alloc(CUdeviceptr* dptr, std::uint64_t size, Context& ctx, Call& c);
 void legacy_free(CUdeviceptr dptr);
 
-inline std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+inline std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
+  return (v + to - 1) / to * to;
+}
 
 }  // namespace emu

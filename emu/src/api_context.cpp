@@ -19,8 +19,8 @@ bool valid_ctx_flags(unsigned flags) {
   if (flags & ~static_cast<unsigned>(CU_CTX_FLAGS_MASK)) return false;
   unsigned sched = flags & CU_CTX_SCHED_MASK;
   // At most one scheduling policy.
-  return sched == CU_CTX_SCHED_AUTO || sched == CU_CTX_SCHED_SPIN ||
-         sched == CU_CTX_SCHED_YIELD || sched == CU_CTX_SCHED_BLOCKING_SYNC;
+  return sched == CU_CTX_SCHED_AUTO || sched == CU_CTX_SCHED_SPIN || sched == CU_CTX_SCHED_YIELD ||
+         sched == CU_CTX_SCHED_BLOCKING_SYNC;
 }
 
 CUresult create_context(CUcontext* pctx, unsigned flags, CUdevice dev, Call& c) {

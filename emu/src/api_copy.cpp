@@ -23,8 +23,8 @@ struct Transfer {
 };
 
 enum class HostWait {
-  kNever,         // async w.r.t. the host (pinned memory, device-to-device, memset)
-  kUntilDone,     // the call returns when the operation has completed
+  kNever,      // async w.r.t. the host (pinned memory, device-to-device, memset)
+  kUntilDone,  // the call returns when the operation has completed
 };
 
 // Sends a node's operation to a stream (or into the capture the stream is in) and,
@@ -93,8 +93,8 @@ CUresult copy(const char* name, Transfer t, CUstream hstream, bool per_thread, b
       host_pinned = host_pinned && as.host_range_pinned(t.src, t.bytes);
     }
   }
-  MemcpyNode node{t.dst, t.src, t.bytes, t.dst_side == Side::kDevice,
-                  t.src_side == Side::kDevice, device, 0};
+  MemcpyNode node{t.dst,  t.src, t.bytes, t.dst_side == Side::kDevice, t.src_side == Side::kDevice,
+                  device, 0};
   HostWait wait = HostWait::kUntilDone;
   bool involves_host = t.dst_side == Side::kHost || t.src_side == Side::kHost;
   if (!involves_host) {
@@ -132,21 +132,21 @@ CUresult memset_n(std::uint64_t dst, std::uint32_t value, unsigned elem, std::ui
 }  // namespace
 
 // Synchronous copies: on the legacy default stream (_ptds: the per-thread stream).
-#define EMU_SYNC_COPY(sym, base, dst_side, src_side, ptds, DstT, SrcT)                       \
-  EMU_EXPORT CUresult sym(DstT dst, SrcT src, size_t n) {                                    \
-    return api(base, [&](Call& c) {                                                         \
-      return copy(base,                                                                      \
+#define EMU_SYNC_COPY(sym, base, dst_side, src_side, ptds, DstT, SrcT)                         \
+  EMU_EXPORT CUresult sym(DstT dst, SrcT src, size_t n) {                                      \
+    return api(base, [&](Call& c) {                                                            \
+      return copy(base,                                                                        \
                   Transfer{(std::uint64_t)(dst), (std::uint64_t)(src), n, dst_side, src_side}, \
-                  nullptr, ptds, false, c);                                                  \
-    });                                                                                      \
+                  nullptr, ptds, false, c);                                                    \
+    });                                                                                        \
   }
-#define EMU_ASYNC_COPY(sym, base, dst_side, src_side, ptds, DstT, SrcT)                      \
-  EMU_EXPORT CUresult sym(DstT dst, SrcT src, size_t n, CUstream s) {                        \
-    return api(base, [&](Call& c) {                                                         \
-      return copy(base,                                                                      \
-                  Transfer{(std::uint64_t)(dst), (std::uint64_t)(src), n, dst_side, src_side}, \
-                  s, ptds, true, c);                                                         \
-    });                                                                                      \
+#define EMU_ASYNC_COPY(sym, base, dst_side, src_side, ptds, DstT, SrcT)                           \
+  EMU_EXPORT CUresult sym(DstT dst, SrcT src, size_t n, CUstream s) {                             \
+    return api(base, [&](Call& c) {                                                               \
+      return copy(base,                                                                           \
+                  Transfer{(std::uint64_t)(dst), (std::uint64_t)(src), n, dst_side, src_side}, s, \
+                  ptds, true, c);                                                                 \
+    });                                                                                           \
   }
 
 constexpr Side H = Side::kHost;
@@ -159,13 +159,11 @@ EMU_SYNC_COPY(cuMemcpyDtoH_v2_ptds, "cuMemcpyDtoH", H, D, true, void*, CUdevicep
 EMU_SYNC_COPY(cuMemcpyDtoD_v2, "cuMemcpyDtoD", D, D, false, CUdeviceptr, CUdeviceptr)
 EMU_SYNC_COPY(cuMemcpyDtoD_v2_ptds, "cuMemcpyDtoD", D, D, true, CUdeviceptr, CUdeviceptr)
 EMU_ASYNC_COPY(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", D, H, false, CUdeviceptr, const void*)
-EMU_ASYNC_COPY(cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync", D, H, true, CUdeviceptr,
-               const void*)
+EMU_ASYNC_COPY(cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync", D, H, true, CUdeviceptr, const void*)
 EMU_ASYNC_COPY(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync", H, D, false, void*, CUdeviceptr)
 EMU_ASYNC_COPY(cuMemcpyDtoHAsync_v2_ptsz, "cuMemcpyDtoHAsync", H, D, true, void*, CUdeviceptr)
 EMU_ASYNC_COPY(cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync", D, D, false, CUdeviceptr, CUdeviceptr)
-EMU_ASYNC_COPY(cuMemcpyDtoDAsync_v2_ptsz, "cuMemcpyDtoDAsync", D, D, true, CUdeviceptr,
-               CUdeviceptr)
+EMU_ASYNC_COPY(cuMemcpyDtoDAsync_v2_ptsz, "cuMemcpyDtoDAsync", D, D, true, CUdeviceptr, CUdeviceptr)
 
 // Generic copies: unified addressing tells which side each pointer is on.
 static CUresult generic_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, bool ptds,
@@ -175,25 +173,28 @@ static CUresult generic_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstrea
 }
 
 EMU_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-  return api("cuMemcpy", [&](Call& c) { return generic_copy(dst, src, n, nullptr, false, false, c); });
+  return api("cuMemcpy",
+             [&](Call& c) { return generic_copy(dst, src, n, nullptr, false, false, c); });
 }
 EMU_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-  return api("cuMemcpy", [&](Call& c) { return generic_copy(dst, src, n, nullptr, true, false, c); });
+  return api("cuMemcpy",
+             [&](Call& c) { return generic_copy(dst, src, n, nullptr, true, false, c); });
 }
 EMU_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-  return api("cuMemcpyAsync", [&](Call& c) { return generic_copy(dst, src, n, s, false, true, c); });
+  return api("cuMemcpyAsync",
+             [&](Call& c) { return generic_copy(dst, src, n, s, false, true, c); });
 }
 EMU_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   return api("cuMemcpyAsync", [&](Call& c) { return generic_copy(dst, src, n, s, true, true, c); });
 }
 
 #define EMU_MEMSET(sym, base, elem, ValT, ptds)                                             \
-  EMU_EXPORT CUresult sym(CUdeviceptr dst, ValT v, size_t n) {                            \
+  EMU_EXPORT CUresult sym(CUdeviceptr dst, ValT v, size_t n) {                              \
     return api(base, [&](Call& c) { return memset_n(dst, v, elem, n, nullptr, ptds, c); }); \
   }
-#define EMU_MEMSET_ASYNC(sym, base, elem, ValT, ptds)                                     \
-  EMU_EXPORT CUresult sym(CUdeviceptr dst, ValT v, size_t n, CUstream s) {              \
-    return api(base, [&](Call& c) { return memset_n(dst, v, elem, n, s, ptds, c); });    \
+#define EMU_MEMSET_ASYNC(sym, base, elem, ValT, ptds)                                 \
+  EMU_EXPORT CUresult sym(CUdeviceptr dst, ValT v, size_t n, CUstream s) {            \
+    return api(base, [&](Call& c) { return memset_n(dst, v, elem, n, s, ptds, c); }); \
   }
 
 EMU_MEMSET(cuMemsetD8_v2, "cuMemsetD8", 1, unsigned char, false)

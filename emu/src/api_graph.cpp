@@ -26,7 +26,9 @@ namespace {
 
 using Lock = std::lock_guard<std::mutex>;
 
-std::shared_ptr<Graph> find_graph(CUgraph h) { return graph_tables().graphs.find(handle_value(h)); }
+std::shared_ptr<Graph> find_graph(CUgraph h) {
+  return graph_tables().graphs.find(handle_value(h));
+}
 std::shared_ptr<GraphNode> find_node(CUgraphNode h) {
   return graph_tables().nodes.find(handle_value(h));
 }
@@ -101,8 +103,8 @@ CUresult kernel_node_from_params(const P* p, CUcontext named, Call& c, KernelNod
   if constexpr (requires { p->kern; }) {
     if (p->kern != nullptr) func = handle_value(p->kern);
   }
-  return make_kernel_node(func, grid, block, p->sharedMemBytes, p->kernelParams, p->extra, named,
-                          c, node);
+  return make_kernel_node(func, grid, block, p->sharedMemBytes, p->kernelParams, p->extra, named, c,
+                          node);
 }
 
 // Points at the node's own parameter bank; valid while the node lives (as documented
@@ -802,13 +804,27 @@ EMU_EXPORT CUresult cuGraphDebugDotPrint(CUgraph hg, const char* path, unsigned 
       auto n = graph_tables().nodes.find(h);
       std::string label;
       switch (n->type) {
-        case CU_GRAPH_NODE_TYPE_KERNEL: label = "kernel " + std::get<KernelNode>(n->data).name; break;
-        case CU_GRAPH_NODE_TYPE_MEMCPY: label = "memcpy"; break;
-        case CU_GRAPH_NODE_TYPE_MEMSET: label = "memset"; break;
-        case CU_GRAPH_NODE_TYPE_HOST: label = "host"; break;
-        case CU_GRAPH_NODE_TYPE_EVENT_RECORD: label = "event record"; break;
-        case CU_GRAPH_NODE_TYPE_WAIT_EVENT: label = "event wait"; break;
-        default: label = "empty"; break;
+        case CU_GRAPH_NODE_TYPE_KERNEL:
+          label = "kernel " + std::get<KernelNode>(n->data).name;
+          break;
+        case CU_GRAPH_NODE_TYPE_MEMCPY:
+          label = "memcpy";
+          break;
+        case CU_GRAPH_NODE_TYPE_MEMSET:
+          label = "memset";
+          break;
+        case CU_GRAPH_NODE_TYPE_HOST:
+          label = "host";
+          break;
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+          label = "event record";
+          break;
+        case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+          label = "event wait";
+          break;
+        default:
+          label = "empty";
+          break;
       }
       out << "  n" << std::hex << h << std::dec << " [label=\"" << label << "\"];\n";
       for (auto d : n->deps) out << "  n" << std::hex << d << " -> n" << h << std::dec << ";\n";

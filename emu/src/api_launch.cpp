@@ -27,9 +27,13 @@ struct LaunchConfig {
 CUresult launch(CUfunction f, const LaunchConfig& config, void** kernelParams, void** extra,
                 bool ptds, Call& c) {
   c.ptr("function", handle_value(f))
-      .arg("grid_x", config.grid[0]).arg("grid_y", config.grid[1]).arg("grid_z", config.grid[2])
-      .arg("block_x", config.block[0]).arg("block_y", config.block[1])
-      .arg("block_z", config.block[2]).arg("shared", config.shared)
+      .arg("grid_x", config.grid[0])
+      .arg("grid_y", config.grid[1])
+      .arg("grid_z", config.grid[2])
+      .arg("block_x", config.block[0])
+      .arg("block_y", config.block[1])
+      .arg("block_z", config.block[2])
+      .arg("shared", config.shared)
       .ptr("stream", handle_value(config.stream));
   EMU_REQUIRE_INIT();
   std::lock_guard lock(driver().mu);
@@ -41,7 +45,8 @@ CUresult launch(CUfunction f, const LaunchConfig& config, void** kernelParams, v
   if (!fn) return fn.error();
   const KernelInfo& k = (*fn)->info();
   c.arg("kernel", k.name.c_str());
-  if (CUresult r = check_geometry(config.grid, config.block, config.shared, config.cooperative, **fn);
+  if (CUresult r =
+          check_geometry(config.grid, config.block, config.shared, config.cooperative, **fn);
       r != CUDA_SUCCESS) {
     return r;
   }

@@ -360,9 +360,8 @@ CUresult write_attribute(int attr, void* data, std::uint64_t ptr, bool* known) {
       if (vmm) {
         auto a = vmm->access_at(ptr);
         flags = a == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
-                : a == CU_MEM_ACCESS_FLAGS_PROT_READ
-                    ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ
-                    : CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
+                : a == CU_MEM_ACCESS_FLAGS_PROT_READ    ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ
+                                                        : CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
       } else if (*known) {
         flags = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
       }
@@ -442,7 +441,7 @@ EMU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr)
     auto it = driver().space.legacy.find(info->base);
     if (it == driver().space.legacy.end()) return CUDA_ERROR_INVALID_VALUE;  // an IPC mapping
     const PhysicalMemory& mem = *it->second.mem;
-    IpcHandlePayload p{kIpcMagic, getpid(), mem.fd(), mem.device(),
+    IpcHandlePayload p{kIpcMagic,       getpid(),     mem.fd(),       mem.device(),
                        mem.key().inode, mem.key().id, it->second.size};
     std::memset(pHandle, 0, sizeof(*pHandle));
     std::memcpy(pHandle->reserved, &p, sizeof(p));

@@ -84,7 +84,8 @@ CUresult create_module_locked(Context& ctx, std::shared_ptr<const CubinInfo> ima
       return r;
     }
     std::memset(reinterpret_cast<void*>(p), 0, size);
-    std::memcpy(reinterpret_cast<void*>(p), g.init.data(), std::min<std::size_t>(g.init.size(), size));
+    std::memcpy(reinterpret_cast<void*>(p), g.init.data(),
+                std::min<std::size_t>(g.init.size(), size));
     m->allocations.push_back(p);
     m->globals[g.name] = DeviceGlobal{p, g.size};
   }
@@ -475,16 +476,16 @@ CUresult with_library(CUlibrary h, F&& body) {
 
 }  // namespace
 
-EMU_EXPORT CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jitOptions,
-                                      void** jitOptionsValues, unsigned int numJitOptions,
-                                      CUlibraryOption* libraryOptions,
+EMU_EXPORT CUresult cuLibraryLoadData(CUlibrary* library, const void* code,
+                                      CUjit_option* jitOptions, void** jitOptionsValues,
+                                      unsigned int numJitOptions, CUlibraryOption* libraryOptions,
                                       void** libraryOptionValues, unsigned int numLibraryOptions) {
   return api("cuLibraryLoadData", [&](Call& c) {
     (void)jitOptionsValues;
     (void)libraryOptionValues;
     if (!driver().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-    return load_library(library, parse_unsized(code), numJitOptions, numLibraryOptions,
-                        jitOptions, libraryOptions, c);
+    return load_library(library, parse_unsized(code), numJitOptions, numLibraryOptions, jitOptions,
+                        libraryOptions, c);
   });
 }
 
@@ -499,8 +500,8 @@ EMU_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileNa
     (void)jitOptionsValues;
     (void)libraryOptionValues;
     if (!driver().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-    return load_library(library, parse_file(fileName), numJitOptions, numLibraryOptions,
-                        jitOptions, libraryOptions, c);
+    return load_library(library, parse_file(fileName), numJitOptions, numLibraryOptions, jitOptions,
+                        libraryOptions, c);
   });
 }
 

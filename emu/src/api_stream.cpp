@@ -168,9 +168,8 @@ CUresult event_record(CUevent ev, CUstream h, unsigned flags, bool ptds, Call& c
     if (flags & CU_EVENT_RECORD_EXTERNAL) {
       // An external record becomes an event-record node of the graph.
       auto g = graph_tables().graphs.find(cap->graph);
-      std::uint64_t node = add_node_locked(*g, {CU_GRAPH_NODE_TYPE_EVENT_RECORD,
-                                                EventNode{handle_value(ev)}},
-                                           (*s)->capture_deps);
+      std::uint64_t node = add_node_locked(
+          *g, {CU_GRAPH_NODE_TYPE_EVENT_RECORD, EventNode{handle_value(ev)}}, (*s)->capture_deps);
       (*s)->capture_deps = {node};
     }
     e->capture = cap;
@@ -190,8 +189,7 @@ CUresult event_record(CUevent ev, CUstream h, unsigned flags, bool ptds, Call& c
     return CUDA_SUCCESS;
   };
   rec->point.stream = *s;
-  if (CUresult r = submit_locked(*ctx, *s, std::move(op), {}, &rec->point.seq);
-      r != CUDA_SUCCESS) {
+  if (CUresult r = submit_locked(*ctx, *s, std::move(op), {}, &rec->point.seq); r != CUDA_SUCCESS) {
     return r;
   }
   e->last = rec;
@@ -226,11 +224,11 @@ EMU_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
   });
 }
 
-#define EMU_STREAM_PAIR(sym, base, Params, Args, impl)                          \
-  EMU_EXPORT CUresult sym Params {                                              \
+#define EMU_STREAM_PAIR(sym, base, Params, Args, impl)                           \
+  EMU_EXPORT CUresult sym Params {                                               \
     return api(base, [&](Call& c) { return impl(EMU_UNPAREN Args, false, c); }); \
-  }                                                                             \
-  EMU_EXPORT CUresult sym##_ptsz Params {                                       \
+  }                                                                              \
+  EMU_EXPORT CUresult sym##_ptsz Params {                                        \
     return api(base, [&](Call& c) { return impl(EMU_UNPAREN Args, true, c); });  \
   }
 #define EMU_UNPAREN(...) __VA_ARGS__
@@ -286,8 +284,7 @@ EMU_STREAM_PAIR(cuStreamGetPriority, "cuStreamGetPriority", (CUstream h, int* p)
 EMU_STREAM_PAIR(cuStreamGetFlags, "cuStreamGetFlags", (CUstream h, unsigned int* f), (h, f),
                 get_flags)
 EMU_STREAM_PAIR(cuStreamGetCtx, "cuStreamGetCtx", (CUstream h, CUcontext* p), (h, p), get_ctx)
-EMU_STREAM_PAIR(cuStreamGetId, "cuStreamGetId", (CUstream h, unsigned long long* p), (h, p),
-                get_id)
+EMU_STREAM_PAIR(cuStreamGetId, "cuStreamGetId", (CUstream h, unsigned long long* p), (h, p), get_id)
 
 // --- events ---
 
@@ -378,10 +375,12 @@ static CUresult elapsed(float* ms, CUevent start, CUevent end, Call& c) {
 }
 
 EMU_EXPORT CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
-  return api("cuEventElapsedTime", [&](Call& c) { return elapsed(pMilliseconds, hStart, hEnd, c); });
+  return api("cuEventElapsedTime",
+             [&](Call& c) { return elapsed(pMilliseconds, hStart, hEnd, c); });
 }
 EMU_EXPORT CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
-  return api("cuEventElapsedTime", [&](Call& c) { return elapsed(pMilliseconds, hStart, hEnd, c); });
+  return api("cuEventElapsedTime",
+             [&](Call& c) { return elapsed(pMilliseconds, hStart, hEnd, c); });
 }
 
 static CUresult get_ctx_v2(CUstream h, CUcontext* out, CUgreenCtx* green, bool ptds, Call& c) {

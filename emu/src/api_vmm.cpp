@@ -90,7 +90,9 @@ void remember_memory_locked(const std::shared_ptr<PhysicalMemory>& mem) {
   known[{mem->key().inode, mem->key().id}] = mem;
 }
 
-bool aligned(std::uint64_t v) { return v % kGranularity == 0; }
+bool aligned(std::uint64_t v) {
+  return v % kGranularity == 0;
+}
 
 }  // namespace
 
@@ -229,9 +231,9 @@ EMU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
       if (prev->second.va + prev->second.size > ptr) return CUDA_ERROR_INVALID_VALUE;
     }
     if (!map_fixed(ptr, size, *h->mem, offset, PROT_NONE)) return CUDA_ERROR_OUT_OF_MEMORY;
-    res->mappings[ptr] =
-        VmmMapping{ptr, size, offset, h->mem,
-                   std::vector<CUmemAccess_flags>(size / kGranularity, CU_MEM_ACCESS_FLAGS_PROT_NONE)};
+    res->mappings[ptr] = VmmMapping{
+        ptr, size, offset, h->mem,
+        std::vector<CUmemAccess_flags>(size / kGranularity, CU_MEM_ACCESS_FLAGS_PROT_NONE)};
     lock.unlock();
     charge_pages(t0, size);
     return CUDA_SUCCESS;
@@ -275,7 +277,8 @@ EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
     }
     CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
     for (std::size_t i = 0; i < count; ++i) {
-      if (raw(desc[i].location.type) != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+      if (raw(desc[i].location.type) != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
       if (!valid_device(desc[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
       int f = raw(desc[i].flags);
       if (f != CU_MEM_ACCESS_FLAGS_PROT_NONE && f != CU_MEM_ACCESS_FLAGS_PROT_READ &&
@@ -373,7 +376,7 @@ EMU_EXPORT CUresult cuMemExportToShareableHandle(void* shareableHandle,
     if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (raw(handleType) != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
       return (raw(handleType) & kKnownHandleTypes) ? CUDA_ERROR_NOT_SUPPORTED
-                                              : CUDA_ERROR_INVALID_VALUE;
+                                                   : CUDA_ERROR_INVALID_VALUE;
     }
     std::shared_lock lock(driver().space_mu);
     auto* h = find_handle_locked(handle);
@@ -402,7 +405,7 @@ EMU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle*
     if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (raw(shHandleType) != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
       return (raw(shHandleType) & kKnownHandleTypes) ? CUDA_ERROR_NOT_SUPPORTED
-                                                : CUDA_ERROR_INVALID_VALUE;
+                                                     : CUDA_ERROR_INVALID_VALUE;
     }
     auto imported = PhysicalMemory::import(fd);
     if (!imported) return imported.error();

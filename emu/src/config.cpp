@@ -53,8 +53,7 @@ std::expected<Config, std::string> config_from_env() {
     char* end = nullptr;
     long n = std::strtol(v, &end, 10);
     if (end == v || *end != '\0' || n < 0 || n > 64) {
-      return std::unexpected(
-          fmt::format("THAW_EMU_DEVICES='{}' is not a device count (0..64)", v));
+      return std::unexpected(fmt::format("THAW_EMU_DEVICES='{}' is not a device count (0..64)", v));
     }
     c.device_count = static_cast<int>(n);
   }

@@ -29,7 +29,9 @@ std::vector<std::uint64_t>& context_stack() {
   return stack;
 }
 
-std::optional<CUresult> faults_check(const char* name) { return faults().check(name); }
+std::optional<CUresult> faults_check(const char* name) {
+  return faults().check(name);
+}
 
 const std::expected<Config, std::string>& Driver::config() {
   std::call_once(config_once_, [this] {
@@ -84,8 +86,10 @@ CUresult Driver::init(unsigned flags) {
     d->uuid = make_uuid(i);
     d->capacity = cfg->device_memory[static_cast<std::size_t>(i)];
     if (auto r = d->ledger.open(cfg->state_dir, i, d->capacity); !r) {
-      std::fprintf(stderr, "thaw-emu: cuInit failed: %s (set THAW_EMU_STATE_DIR to a writable "
-                   "directory)\n", r.error().c_str());
+      std::fprintf(stderr,
+                   "thaw-emu: cuInit failed: %s (set THAW_EMU_STATE_DIR to a writable "
+                   "directory)\n",
+                   r.error().c_str());
       return CUDA_ERROR_OPERATING_SYSTEM;
     }
     devices.push_back(std::move(d));
@@ -134,7 +138,7 @@ std::shared_ptr<StreamCore> make_stream(Context& ctx, StreamCore::Kind kind, uns
 }  // namespace
 
 std::expected<std::shared_ptr<StreamCore>, CUresult> resolve_stream_locked(CUstream h,
-                                                                          bool per_thread) {
+                                                                           bool per_thread) {
   auto ctx = current_context_locked();
   if (!ctx) return std::unexpected(ctx.error());
   Context& c = **ctx;

@@ -6,8 +6,8 @@
 #include <cuda.h>
 
 #include <atomic>
-#include <map>
 #include <expected>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -52,9 +52,9 @@ struct Context {
   bool active = true;      // primary contexts: retained (refs > 0)
   bool destroyed = false;  // cuCtxDestroy'd (handle kept to say so)
   StickyError sticky = std::make_shared<std::atomic<int>>(CUDA_SUCCESS);
-  std::shared_ptr<StreamCore> legacy;                               // the NULL stream
+  std::shared_ptr<StreamCore> legacy;                                // the NULL stream
   std::unordered_map<long, std::shared_ptr<StreamCore>> per_thread;  // by tid
-  std::vector<std::uint64_t> streams;  // user stream handles
+  std::vector<std::uint64_t> streams;                                // user stream handles
   std::vector<std::uint64_t> events;
 };
 
@@ -142,7 +142,7 @@ std::expected<Context*, CUresult> context_from_handle_locked(CUcontext h);
 // current context's legacy stream (or, when `per_thread` — the _ptsz/_ptds entry
 // points — NULL means the per-thread stream), CU_STREAM_PER_THREAD the per-thread one.
 std::expected<std::shared_ptr<StreamCore>, CUresult> resolve_stream_locked(CUstream h,
-                                                                          bool per_thread);
+                                                                           bool per_thread);
 // Enqueues `op` with the legacy-stream implicit synchronisation rules applied.
 std::uint64_t enqueue_locked(Context& ctx, const std::shared_ptr<StreamCore>& s, StreamOp op);
 // Every stream of a context, for cuCtxSynchronize and destruction.

@@ -18,7 +18,9 @@ CUstreamCaptureMode& thread_capture_mode() {
   return mode;
 }
 
-std::shared_ptr<CaptureSession> capture_of_locked(const StreamCore& s) { return s.capture; }
+std::shared_ptr<CaptureSession> capture_of_locked(const StreamCore& s) {
+  return s.capture;
+}
 
 std::uint64_t add_node_locked(Graph& g, NodeSpec spec, const std::vector<std::uint64_t>& deps) {
   auto n = std::make_shared<GraphNode>();
@@ -37,7 +39,8 @@ CUresult check_unsafe_during_capture_locked() {
   for (auto& cap : graph_tables().captures) {
     if (cap->mode == CU_STREAM_CAPTURE_MODE_RELAXED) continue;
     bool own = cap->thread == std::this_thread::get_id();
-    bool global = cap->mode == CU_STREAM_CAPTURE_MODE_GLOBAL && mine == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    bool global =
+        cap->mode == CU_STREAM_CAPTURE_MODE_GLOBAL && mine == CU_STREAM_CAPTURE_MODE_GLOBAL;
     if (own || global) {
       cap->invalidated = true;
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -127,8 +130,11 @@ StreamOp op_for_node(const NodeSpec& spec) {
     case CU_GRAPH_NODE_TYPE_KERNEL: {
       const auto& k = std::get<KernelNode>(spec.data);
       if (k.twin != nullptr && k.twin->model_ns != nullptr) {
-        ThawEmuLaunch l{{k.grid[0], k.grid[1], k.grid[2]}, {k.block[0], k.block[1], k.block[2]},
-                        k.shared, 0, nullptr};
+        ThawEmuLaunch l{{k.grid[0], k.grid[1], k.grid[2]},
+                        {k.block[0], k.block[1], k.block[2]},
+                        k.shared,
+                        0,
+                        nullptr};
         op.model = nanoseconds(static_cast<std::int64_t>(k.twin->model_ns(&l)));
       }
       op.work = [k] {

@@ -26,10 +26,10 @@ struct KernelNode {
   unsigned grid[3] = {1, 1, 1};
   unsigned block[3] = {1, 1, 1};
   unsigned shared = 0;
-  std::vector<std::uint8_t> params;  // the parameter bank, laid out as the cubin says
-  std::vector<unsigned> offsets;     // of each parameter in `params`
-  const ThawEmuTwin* twin = nullptr; // resolved when the node is made
-  std::string name;                  // mangled kernel name, for errors
+  std::vector<std::uint8_t> params;   // the parameter bank, laid out as the cubin says
+  std::vector<unsigned> offsets;      // of each parameter in `params`
+  const ThawEmuTwin* twin = nullptr;  // resolved when the node is made
+  std::string name;                   // mangled kernel name, for errors
   int priority = 0;
 };
 

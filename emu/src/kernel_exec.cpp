@@ -121,7 +121,6 @@ CUresult pack_params(const KernelInfo& k, void** kernelParams, void** extra,
   return CUDA_SUCCESS;
 }
 
-
 void report_missing_twin(const char* name) {
   static std::mutex mu;
   static std::set<std::string> reported;
@@ -132,6 +131,5 @@ void report_missing_twin(const char* name) {
                "CUDA_ERROR_NOT_FOUND (see thaw/emu_twin.h)\n",
                name, twin_libraries().c_str());
 }
-
 
 }  // namespace emu

@@ -78,8 +78,8 @@ std::expected<void, std::string> DeviceLedger::open(const std::string& dir, int 
   // World-writable with the sticky bit, like /tmp: the daemon (root) and engines
   // (other users) share one emulated GPU.
   if (mkdir(dir.c_str(), 01777) != 0 && errno != EEXIST) {
-    return std::unexpected(fmt::format("cannot create THAW_EMU_STATE_DIR '{}': {}", dir,
-                                       std::strerror(errno)));
+    return std::unexpected(
+        fmt::format("cannot create THAW_EMU_STATE_DIR '{}': {}", dir, std::strerror(errno)));
   }
   chmod(dir.c_str(), 01777);
   std::string path = fmt::format("{}/device{}.ledger", dir, device);
@@ -98,7 +98,8 @@ std::expected<void, std::string> DeviceLedger::open(const std::string& dir, int 
     bool fresh = st.st_size < static_cast<off_t>(sizeof(Header));
     if (fresh && ftruncate(fd_, sizeof(Header)) != 0) {
       flock(fd_, LOCK_UN);
-      return std::unexpected(fmt::format("cannot size ledger '{}': {}", path, std::strerror(errno)));
+      return std::unexpected(
+          fmt::format("cannot size ledger '{}': {}", path, std::strerror(errno)));
     }
     void* p = mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
     if (p == MAP_FAILED) {
@@ -122,8 +123,8 @@ void DeviceLedger::prune_dead() {
     Entry& e = header_->entries[i];
     auto it = alive.find(e.pid);
     if (it == alive.end()) {
-      bool live = (kill(e.pid, 0) == 0 || errno == EPERM) &&
-                  process_start_time(e.pid) == e.start_time;
+      bool live =
+          (kill(e.pid, 0) == 0 || errno == EPERM) && process_start_time(e.pid) == e.start_time;
       it = alive.emplace(e.pid, live).first;
     }
     if (!it->second) {

@@ -30,8 +30,7 @@ class DeviceLedger {
   DeviceLedger& operator=(const DeviceLedger&) = delete;
   ~DeviceLedger();
 
-  std::expected<void, std::string> open(const std::string& dir, int device,
-                                        std::uint64_t capacity);
+  std::expected<void, std::string> open(const std::string& dir, int device, std::uint64_t capacity);
   // Records a new allocation; CUDA_ERROR_OUT_OF_MEMORY when the device is full.
   CUresult charge(LedgerKey key, std::uint64_t bytes);
   // Records that this process now also references an existing allocation (import).

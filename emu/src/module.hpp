@@ -75,7 +75,8 @@ class Call;
 // The function a launch of `handle` (a CUfunction, or a CUkernel used as one) runs in
 // `ctx`, resolved (twin looked up) on this first use. Caller holds driver().mu.
 std::expected<std::shared_ptr<Function>, CUresult> function_for_launch_locked(std::uint64_t handle,
-                                                                             Context& ctx, Call& c);
+                                                                              Context& ctx,
+                                                                              Call& c);
 // Unloads the modules of a context being destroyed. Caller holds driver().mu.
 void unload_context_modules_locked(Context& ctx);
 

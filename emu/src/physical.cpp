@@ -77,8 +77,8 @@ std::expected<std::shared_ptr<PhysicalMemory>, CUresult> PhysicalMemory::import(
   Trailer t{};
   std::uint64_t size = static_cast<std::uint64_t>(st.st_size) - kTrailerSize;
   if (pread(fd, &t, sizeof(t), static_cast<off_t>(size)) != sizeof(t) ||
-      std::memcmp(t.magic, kMagic, sizeof(kMagic)) != 0 || t.size != size ||
-      t.device < 0 || t.device >= driver().device_count()) {
+      std::memcmp(t.magic, kMagic, sizeof(kMagic)) != 0 || t.size != size || t.device < 0 ||
+      t.device >= driver().device_count()) {
     return std::unexpected(CUDA_ERROR_INVALID_VALUE);
   }
   std::shared_ptr<PhysicalMemory> m(new PhysicalMemory());

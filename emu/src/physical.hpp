@@ -19,8 +19,10 @@ enum class PhysicalKind : std::uint32_t { kVmm = 1, kLegacy = 2 };
 class PhysicalMemory {
  public:
   // Charges the device's ledger; CUDA_ERROR_OUT_OF_MEMORY when the device is full.
-  static std::expected<std::shared_ptr<PhysicalMemory>, CUresult> create(
-      int device, std::uint64_t size, std::uint32_t handle_types, PhysicalKind kind);
+  static std::expected<std::shared_ptr<PhysicalMemory>, CUresult> create(int device,
+                                                                         std::uint64_t size,
+                                                                         std::uint32_t handle_types,
+                                                                         PhysicalKind kind);
   // Takes its own duplicate of `fd`. CUDA_ERROR_INVALID_VALUE if it is not emulator memory.
   static std::expected<std::shared_ptr<PhysicalMemory>, CUresult> import(int fd);
 

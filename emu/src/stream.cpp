@@ -21,7 +21,9 @@ thread_local bool t_in_user_callback = false;
 std::atomic<std::uint64_t> g_next_stream_id{1};
 }  // namespace
 
-bool in_user_callback() { return t_in_user_callback; }
+bool in_user_callback() {
+  return t_in_user_callback;
+}
 
 StreamCore::StreamCore(std::uint64_t ctx, int device, Kind kind, unsigned flags, int priority,
                        StickyError sticky, bool timing)

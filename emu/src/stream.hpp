@@ -32,10 +32,10 @@ struct StreamOp {
   // The effect. Returns an error (e.g. CUDA_ERROR_ILLEGAL_ADDRESS) that becomes the
   // context's sticky error, as a fault on a GPU does.
   std::function<CUresult()> work;
-  nanoseconds model{0};             // modelled duration, launch latency included
-  CopyEngine* engine = nullptr;     // the link it occupies, if any
-  bool runs_user_code = false;      // host functions and callbacks
-  bool runs_after_fault = false;    // stream callbacks run (and get the error) after a fault
+  nanoseconds model{0};           // modelled duration, launch latency included
+  CopyEngine* engine = nullptr;   // the link it occupies, if any
+  bool runs_user_code = false;    // host functions and callbacks
+  bool runs_after_fault = false;  // stream callbacks run (and get the error) after a fault
 };
 
 // The sticky error of a context, shared with its streams' workers.
@@ -64,10 +64,10 @@ class StreamCore : public std::enable_shared_from_this<StreamCore> {
   std::vector<std::uint64_t> capture_deps;
 
   // All of the following take the scheduler lock themselves.
-  std::uint64_t enqueue(StreamOp op);          // returns the op's position
-  StreamPoint tail();                          // position after everything enqueued so far
-  bool idle();                                 // nothing pending
-  void shutdown();                             // drain, then let the worker exit
+  std::uint64_t enqueue(StreamOp op);  // returns the op's position
+  StreamPoint tail();                  // position after everything enqueued so far
+  bool idle();                         // nothing pending
+  void shutdown();                     // drain, then let the worker exit
 
  private:
   friend struct Scheduler;

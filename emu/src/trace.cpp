@@ -38,10 +38,18 @@ void append_json_string(std::string& out, std::string_view s) {
   out += '"';
   for (char ch : s) {
     switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(ch) < 0x20) {
           out += fmt::format("\\u{:04x}", static_cast<unsigned>(ch));
@@ -66,7 +74,9 @@ void Call::append_hex(std::string& s, const char* key, std::uint64_t v) {
   append_hex_value(s, v);
 }
 
-void Call::append_hex_value(std::string& s, std::uint64_t v) { s += fmt::format("\"0x{:x}\"", v); }
+void Call::append_hex_value(std::string& s, std::uint64_t v) {
+  s += fmt::format("\"0x{:x}\"", v);
+}
 
 void Call::finish(CUresult result) {
   if (!on_) return;
