@@ -67,19 +67,14 @@ EMU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   return api("cuMemAlloc", [&](Call& c) {
     c.arg("size", bytesize);
     EMU_REQUIRE_INIT();
-    Context* ctx;
-    {
-      std::lock_guard lock(driver().mu);
-      auto cur = current_context_locked();
-      if (!cur) return cur.error();
-      ctx = *cur;
-    }
+    auto ctx = current_context();
+    if (!ctx) return ctx.error();
     if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     {
       std::lock_guard lock(driver().mu);
       if (CUresult r = check_unsafe_during_capture_locked(); r != CUDA_SUCCESS) return r;
     }
-    return legacy_alloc(dptr, bytesize, *ctx, c);
+    return legacy_alloc(dptr, bytesize, **ctx, c);
   });
 }
 
@@ -116,13 +111,9 @@ EMU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
 EMU_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   return api("cuMemGetInfo", [&](Call& c) {
     EMU_REQUIRE_INIT();
-    int dev;
-    {
-      std::lock_guard lock(driver().mu);
-      auto cur = current_context_locked();
-      if (!cur) return cur.error();
-      dev = (*cur)->device;
-    }
+    auto cur = current_context();
+    if (!cur) return cur.error();
+    int dev = (*cur)->device;
     if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
     Device& d = driver().device(dev);
     std::uint64_t used = d.ledger.used();
@@ -137,11 +128,7 @@ EMU_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, C
   return api("cuMemGetAddressRange", [&](Call& c) {
     c.ptr("dptr", dptr);
     EMU_REQUIRE_INIT();
-    {
-      std::lock_guard lock(driver().mu);
-      auto cur = current_context_locked();
-      if (!cur) return cur.error();
-    }
+    if (auto cur = current_context(); !cur) return cur.error();
     std::shared_lock space(driver().space_mu);
     auto info = driver().space.device_info(dptr);
     if (!info) return CUDA_ERROR_NOT_FOUND;
@@ -156,13 +143,9 @@ EMU_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, C
 static CUresult host_alloc(void** pp, size_t bytesize, unsigned flags, Call& c) {
   c.arg("size", bytesize).arg("flags", flags);
   EMU_REQUIRE_INIT();
-  std::uint64_t ctx;
-  {
-    std::lock_guard lock(driver().mu);
-    auto cur = current_context_locked();
-    if (!cur) return cur.error();
-    ctx = (*cur)->handle;
-  }
+  auto cur = current_context();
+  if (!cur) return cur.error();
+  std::uint64_t ctx = (*cur)->handle;
   constexpr unsigned kValid =
       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
   if (pp == nullptr || bytesize == 0 || (flags & ~kValid)) return CUDA_ERROR_INVALID_VALUE;
@@ -208,13 +191,9 @@ EMU_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int 
   return api("cuMemHostRegister", [&](Call& c) {
     c.arg("ptr", p).arg("size", bytesize).arg("flags", Flags);
     EMU_REQUIRE_INIT();
-    std::uint64_t ctx;
-    {
-      std::lock_guard lock(driver().mu);
-      auto cur = current_context_locked();
-      if (!cur) return cur.error();
-      ctx = (*cur)->handle;
-    }
+    auto cur = current_context();
+    if (!cur) return cur.error();
+    std::uint64_t ctx = (*cur)->handle;
     constexpr unsigned kValid = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
                                 CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
     if (p == nullptr || bytesize == 0 || (Flags & ~kValid)) return CUDA_ERROR_INVALID_VALUE;
@@ -428,11 +407,7 @@ EMU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr)
   return api("cuIpcGetMemHandle", [&](Call& c) {
     c.ptr("dptr", dptr);
     EMU_REQUIRE_INIT();
-    {
-      std::lock_guard lock(driver().mu);
-      auto cur = current_context_locked();
-      if (!cur) return cur.error();
-    }
+    if (auto cur = current_context(); !cur) return cur.error();
     if (pHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::shared_lock space(driver().space_mu);
     auto info = driver().space.device_info(dptr);
@@ -454,13 +429,9 @@ EMU_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle han
   return api("cuIpcOpenMemHandle", [&](Call& c) {
     c.arg("flags", Flags);
     EMU_REQUIRE_INIT();
-    std::uint64_t ctx;
-    {
-      std::lock_guard lock(driver().mu);
-      auto cur = current_context_locked();
-      if (!cur) return cur.error();
-      ctx = (*cur)->handle;
-    }
+    auto cur = current_context();
+    if (!cur) return cur.error();
+    std::uint64_t ctx = (*cur)->handle;
     if (pdptr == nullptr || Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) {
       return CUDA_ERROR_INVALID_VALUE;
     }

@@ -116,6 +116,11 @@ std::expected<Context*, CUresult> context_from_handle_locked(CUcontext h) {
   return ctx.get();
 }
 
+std::expected<Context*, CUresult> current_context() {
+  std::lock_guard lock(driver().mu);
+  return current_context_locked();
+}
+
 std::expected<Context*, CUresult> current_context_locked() {
   auto& stack = context_stack();
   if (stack.empty()) return std::unexpected(CUDA_ERROR_INVALID_CONTEXT);

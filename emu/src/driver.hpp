@@ -135,6 +135,9 @@ CUresult api(const char* name, Body&& body) {
 // The calling thread's current context, checked: CUDA_ERROR_INVALID_CONTEXT if none
 // (or an inactive primary), CUDA_ERROR_CONTEXT_IS_DESTROYED, or its sticky error.
 std::expected<Context*, CUresult> current_context_locked();
+// The same, taking the lock itself. Contexts are never freed (a destroyed one stays as a
+// tombstone), so the pointer stays valid after the lock is dropped.
+std::expected<Context*, CUresult> current_context();
 // A context handle given explicitly.
 std::expected<Context*, CUresult> context_from_handle_locked(CUcontext h);
 

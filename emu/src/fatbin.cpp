@@ -175,6 +175,7 @@ ImageResult<CubinInfo> load_cubin(const std::uint8_t* data, std::size_t size, in
 
 ImageResult<CubinInfo> parse_module_image(const std::uint8_t* data, std::size_t size,
                                           int device_sm, const ModuleImageOptions& options) {
+  if (size == 0) return fail(CUDA_ERROR_INVALID_IMAGE, options, "empty image");
   if (data == nullptr) return fail(CUDA_ERROR_INVALID_VALUE, options, "no image");
   if (is_elf(data, size)) return load_cubin(data, size, device_sm, options);
 

@@ -87,7 +87,8 @@ struct ModuleImageOptions {
 //                     -gencode arch=compute_90,code=sm_90 and without -Xfatbin -compress-all).
 //   PTX text (first directive .version/.target/.address_size, after blanks and comments)
 //                  -> CUDA_ERROR_NO_BINARY_FOR_GPU (no JIT).
-//   anything else  -> CUDA_ERROR_INVALID_IMAGE; data == nullptr -> CUDA_ERROR_INVALID_VALUE.
+//   anything else  -> CUDA_ERROR_INVALID_IMAGE, as is size 0; data == nullptr with a size
+//                     -> CUDA_ERROR_INVALID_VALUE.
 ImageResult<CubinInfo> parse_module_image(const std::uint8_t* data, std::size_t size,
                                           int device_sm, const ModuleImageOptions& options = {});
 
