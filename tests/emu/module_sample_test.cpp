@@ -160,10 +160,11 @@ TEST_F(ModuleSample, VecAddWithParametersInTheExtraBuffer) {
   std::memcpy(buf + 16, &dc.ptr, 8);
   std::memcpy(buf + 24, &count, 4);
   std::size_t size = sizeof buf;
-  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
-                   CU_LAUNCH_PARAM_END};
   CUfunction f = Function(samples_, kVecAdd);
   ASSERT_NE(f, nullptr);
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                   CU_LAUNCH_PARAM_END};
+  ASSERT_CU(cuMemsetD32(dc.ptr, 0x7fc00000u, n));  // NaN: every element must be written
   ASSERT_CU(cuLaunchKernel(f, (n + 127) / 128, 1, 1, 128, 1, 1, 0, nullptr, nullptr, extra));
 
   std::vector<float> c(n);
@@ -253,7 +254,7 @@ TEST_F(ModuleSample, ReductionOfAMillionFloatsMatchesTheCpuSum) {
   EXPECT_NEAR(sum, want, want * 1e-4);
 }
 
-// The chain kernels with mixed 4- and 8-byte parameters: x = 2x + 1 (parameters in the extra
+// The chain kernels with mixed 4- and 8-byte parameters: x = a x + b (parameters in the extra
 // buffer), then dst += x (kernelParams), on a stream.
 TEST_F(ModuleSample, ChainKernelsOnAStream) {
   constexpr int n = 4099;
@@ -266,7 +267,7 @@ TEST_F(ModuleSample, ChainKernelsOnAStream) {
 
   // axpb(float* x, float a, float b, int n): pointer at 0, floats at 8 and 12, int at 16.
   alignas(8) unsigned char buf[20];
-  const float a = 2.0f, b = 1.0f;
+  const float a = 1.1f, b = 0.3f;  // inexact: a separate multiply and add would round twice
   const int count = n;
   std::memcpy(buf + 0, &dx.ptr, 8);
   std::memcpy(buf + 8, &a, 4);
@@ -424,6 +425,22 @@ TEST_F(ModuleSample, ModuleEnumerationListsEveryKernel) {
     EXPECT_NE(one[0], nullptr);
     EXPECT_EQ(one[1], nullptr) << "wrote past numFunctions";
   }
+}
+
+// cuModuleGetFunctionCount and cuModuleEnumerateFunctions document CUDA_ERROR_INVALID_VALUE
+// and CUDA_ERROR_INVALID_HANDLE: a null output array is the former; a module that was unloaded
+// the latter (the emulator's handles are ids, so a stale one is safe to pass).
+TEST_F(ModuleSample, EnumerationRejectsNullOutputsAndUnloadedModules) {
+  unsigned count = 0;
+  EXPECT_EQ(cuModuleGetFunctionCount(nullptr, samples_), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuModuleEnumerateFunctions(nullptr, 1, samples_), CUDA_ERROR_INVALID_VALUE);
+
+  CUmodule stale = nullptr;
+  ASSERT_CU(cuModuleLoadData(&stale, thaw_cubin_chain().data));
+  ASSERT_CU(cuModuleUnload(stale));
+  EXPECT_EQ(cuModuleGetFunctionCount(&count, stale), CUDA_ERROR_INVALID_HANDLE);
+  CUfunction f = nullptr;
+  EXPECT_EQ(cuModuleEnumerateFunctions(&f, 1, stale), CUDA_ERROR_INVALID_HANDLE);
 }
 
 // An enumerated handle launches like one from cuModuleGetFunction.
