@@ -97,8 +97,8 @@ CUresult end_capture(CUstream h, CUgraph* graph, bool ptds, Call& c) {
   auto cap = (*s)->capture;
   if (!cap) return CUDA_ERROR_ILLEGAL_STATE;
   if (cap->origin != (*s)->id()) return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
-  if (cap->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-      cap->thread != std::this_thread::get_id()) {
+  // Only a relaxed capture may be ended from another thread.
+  if (cap->mode != CU_STREAM_CAPTURE_MODE_RELAXED && cap->thread != std::this_thread::get_id()) {
     return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
   }
   bool joined = all_joined_locked(*cap);
@@ -162,10 +162,12 @@ CUresult capture_info(CUstream h, CUstreamCaptureStatus* status, cuuint64_t* id,
   // The dependency array stays valid until the next call on this stream (documented);
   // keep one per thread.
   static thread_local std::vector<CUgraphNode> dep_handles;
+  static thread_local std::vector<CUgraphEdgeData> edge_data;  // parallel to dep_handles
   dep_handles.clear();
   for (auto d : s->capture_deps) dep_handles.push_back(to_handle<CUgraphNode>(d));
+  edge_data.assign(dep_handles.size(), CUgraphEdgeData{});  // all edges are default edges
   if (deps != nullptr) *deps = dep_handles.empty() ? nullptr : dep_handles.data();
-  if (edges != nullptr) *edges = nullptr;  // all edges are default edges
+  if (edges != nullptr) *edges = edge_data.empty() ? nullptr : edge_data.data();
   if (num_deps != nullptr) *num_deps = dep_handles.size();
   return CUDA_SUCCESS;
 }

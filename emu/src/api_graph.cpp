@@ -91,6 +91,7 @@ CUresult make_kernel_node(std::uint64_t func, const unsigned grid[3], const unsi
   for (const auto& p : k.params) node.offsets.push_back(p.offset);
   node.twin = (*fn)->twin;
   node.name = k.name;
+  node.from_extra = kernelParams == nullptr && extra != nullptr;
   return CUDA_SUCCESS;
 }
 
@@ -109,8 +110,12 @@ CUresult kernel_node_from_params(const P* p, CUcontext named, Call& c, KernelNod
 
 // Points at the node's own parameter bank; valid while the node lives (as documented
 // for cuGraphKernelNodeGetParams).
-std::map<std::uint64_t, std::vector<void*>>& param_views() {
-  static std::map<std::uint64_t, std::vector<void*>> v;
+struct ParamView {
+  std::vector<void*> pointers;  // kernelParams form, or the `extra` array
+  std::size_t size = 0;         // CU_LAUNCH_PARAM_BUFFER_SIZE points here
+};
+std::map<std::uint64_t, ParamView>& param_views() {
+  static std::map<std::uint64_t, ParamView> v;
   return v;
 }
 
@@ -118,8 +123,15 @@ template <class P>
 void fill_params(const GraphNode& n, P* out) {
   const auto& k = std::get<KernelNode>(n.data);
   auto& view = param_views()[n.handle];
-  view.clear();
-  for (unsigned off : k.offsets) view.push_back(const_cast<std::uint8_t*>(k.params.data()) + off);
+  auto* bank = const_cast<std::uint8_t*>(k.params.data());
+  view.pointers.clear();
+  view.size = k.params.size();
+  if (k.from_extra) {
+    view.pointers = {CU_LAUNCH_PARAM_BUFFER_POINTER, bank, CU_LAUNCH_PARAM_BUFFER_SIZE, &view.size,
+                     CU_LAUNCH_PARAM_END};
+  } else {
+    for (unsigned off : k.offsets) view.pointers.push_back(bank + off);
+  }
   *out = P{};
   out->func = to_handle<CUfunction>(k.function);
   out->gridDimX = k.grid[0];
@@ -129,8 +141,8 @@ void fill_params(const GraphNode& n, P* out) {
   out->blockDimY = k.block[1];
   out->blockDimZ = k.block[2];
   out->sharedMemBytes = k.shared;
-  out->kernelParams = view.data();
-  out->extra = nullptr;
+  out->kernelParams = k.from_extra ? nullptr : view.pointers.data();
+  out->extra = k.from_extra ? view.pointers.data() : nullptr;
   if constexpr (requires { out->ctx; }) out->ctx = to_handle<CUcontext>(k.ctx);
 }
 
@@ -303,9 +315,12 @@ CUresult graph_launch(CUgraphExec he, CUstream hs, bool ptds, Call& c) {
     }
     return CUDA_SUCCESS;
   };
+  // One instance of an exec runs at a time, in launch order, whatever the streams.
+  if (exec->last_launch.stream) op.waits.push_back(exec->last_launch);
   std::uint64_t seq = 0;
   if (CUresult r = submit_locked(*ctx, *s, std::move(op), {}, &seq); r != CUDA_SUCCESS) return r;
   for (auto& rec : records) rec->point.seq = seq;
+  exec->last_launch = {*s, seq};
   return CUDA_SUCCESS;
 }
 
@@ -541,6 +556,8 @@ static CUresult get_edges(CUgraph hg, CUgraphNode* from, CUgraphNode* to, CUgrap
                           size_t* num) {
   EMU_REQUIRE_INIT();
   if (num == nullptr || ((from == nullptr) != (to == nullptr))) return CUDA_ERROR_INVALID_VALUE;
+  // "If edgeData is non-NULL then from and to must be as well."
+  if (data != nullptr && from == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Lock lock(driver().mu);
   auto g = find_graph(hg);
   if (!g) return CUDA_ERROR_INVALID_VALUE;

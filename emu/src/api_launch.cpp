@@ -64,6 +64,9 @@ CUresult launch(CUfunction f, const LaunchConfig& config, void** kernelParams, v
   for (const auto& p : k.params) node.offsets.push_back(p.offset);
   node.twin = (*fn)->twin;
   node.name = k.name;
+  node.from_extra = kernelParams == nullptr && extra != nullptr;
+  // Captured kernels take their stream's priority (used with USE_NODE_PRIORITY).
+  node.priority = (*stream)->priority();
   NodeSpec spec{CU_GRAPH_NODE_TYPE_KERNEL, std::move(node)};
   StreamOp op = op_for_node(spec);
   return submit_locked(*ctx, *stream, std::move(op), std::move(spec));

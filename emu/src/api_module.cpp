@@ -15,19 +15,11 @@ namespace {
 constexpr int kDeviceSm = 90;
 constexpr int kMaxSharedPerBlockOptin = 232448;
 
-// The size of an image cuModuleLoadData gets without one: from its own headers.
+// The size of an image cuModuleLoadData gets without one: from its own headers (cubin,
+// fatbin, the __fatBinC_Wrapper_t nvcc embeds in host objects, or NUL-terminated PTX).
 std::optional<std::size_t> image_extent(const void* image) {
-  auto* p = static_cast<const std::uint8_t*>(image);
   constexpr std::size_t kUnbounded = ~std::size_t{0} >> 1;
-  if (auto n = elf_extent(p, kUnbounded)) return n;
-  if (auto n = fatbin_extent(p, kUnbounded)) return n;
-  return std::nullopt;
-}
-
-bool looks_like_ptx(const void* image) {
-  const char* s = static_cast<const char*>(image);
-  while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r') ++s;
-  return std::string_view(s, 2) == "//" || std::string_view(s, 8) == ".version";
+  return module_image_extent(static_cast<const std::uint8_t*>(image), kUnbounded);
 }
 
 std::expected<std::shared_ptr<const CubinInfo>, CUresult> parse_image(const std::uint8_t* data,
@@ -42,8 +34,6 @@ std::expected<std::shared_ptr<const CubinInfo>, CUresult> parse_unsized(const vo
   if (auto n = image_extent(image)) {
     return parse_image(static_cast<const std::uint8_t*>(image), *n);
   }
-  // PTX needs a JIT compiler the emulator does not have.
-  if (looks_like_ptx(image)) return std::unexpected(CUDA_ERROR_NO_BINARY_FOR_GPU);
   return std::unexpected(CUDA_ERROR_INVALID_IMAGE);
 }
 
@@ -53,12 +43,8 @@ std::expected<std::shared_ptr<const CubinInfo>, CUresult> parse_file(const char*
   if (!f) return std::unexpected(CUDA_ERROR_FILE_NOT_FOUND);
   std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(f)), {});
   if (bytes.empty()) return std::unexpected(CUDA_ERROR_INVALID_IMAGE);
-  if (elf_extent(bytes.data(), bytes.size()) || fatbin_extent(bytes.data(), bytes.size())) {
-    return parse_image(bytes.data(), bytes.size());
-  }
-  bytes.push_back(0);
-  if (looks_like_ptx(bytes.data())) return std::unexpected(CUDA_ERROR_NO_BINARY_FOR_GPU);
-  return std::unexpected(CUDA_ERROR_INVALID_IMAGE);
+  bytes.push_back(0);  // PTX text is read up to its NUL
+  return parse_image(bytes.data(), bytes.size());
 }
 
 void resolve(Function& f) {

@@ -103,8 +103,16 @@ CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags, bool ptds, Ca
     }
     return CUDA_SUCCESS;
   }
-  if (auto cap = (*s)->capture) {  // a captured stream cannot wait on uncaptured work
-    cap->invalidated = true;
+  if (auto cap = (*s)->capture) {
+    if (flags & CU_EVENT_WAIT_EXTERNAL) {
+      // "Event is captured in the graph as an external event node".
+      auto g = graph_tables().graphs.find(cap->graph);
+      std::uint64_t node = add_node_locked(
+          *g, {CU_GRAPH_NODE_TYPE_WAIT_EVENT, EventNode{handle_value(ev)}}, (*s)->capture_deps);
+      (*s)->capture_deps = {node};
+      return CUDA_SUCCESS;
+    }
+    cap->invalidated = true;  // a captured stream cannot wait on uncaptured work
     return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
   }
   if (!e->last) return CUDA_SUCCESS;  // never recorded: nothing to wait for

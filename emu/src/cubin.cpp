@@ -58,7 +58,9 @@ T load(const std::uint8_t* p) {
   return v;  // little-endian host (x86-64, aarch64), as the images are
 }
 
-ImageError invalid() { return ImageError(CUDA_ERROR_INVALID_IMAGE); }
+ImageError invalid() {
+  return ImageError(CUDA_ERROR_INVALID_IMAGE);
+}
 
 // [off, off + len) lies within [0, size).
 bool in_bounds(std::uint64_t off, std::uint64_t len, std::uint64_t size) {
@@ -157,8 +159,8 @@ std::optional<std::string_view> string_at(const std::uint8_t* d, std::size_t siz
 struct InfoRecord {
   std::uint8_t format;
   std::uint8_t attr;
-  std::uint16_t value;               // HVAL/BVAL value; SVAL payload size
-  const std::uint8_t* payload;       // SVAL only
+  std::uint16_t value;          // HVAL/BVAL value; SVAL payload size
+  const std::uint8_t* payload;  // SVAL only
 };
 
 // Walks the records of a .nv.info-style section; false if one is malformed or truncated, or
@@ -311,6 +313,16 @@ ImageResult<CubinInfo> parse_cubin(const std::uint8_t* data, std::size_t size) {
     const Shdr& strtab = sh[symtab->link];
     if (strtab.type != kShtStrtab) return invalid();
     std::unordered_set<std::string_view> kernel_names, global_names;
+    // What is copied out of the image (names, initial bytes) stays proportional to its size,
+    // whatever a crafted one does: symbols whose names are overlapping suffixes of one long
+    // string, or variables that all cover the same large section, would otherwise make it
+    // quadratic. A real image copies less than its own size.
+    std::uint64_t budget = 2 * std::uint64_t{size} + (std::uint64_t{1} << 20);
+    auto take = [&budget](std::uint64_t n) {
+      if (n > budget) return false;
+      budget -= n;
+      return true;
+    };
     const std::uint64_t nsyms = symtab->size / kSymSize;
     for (std::uint64_t i = 1; i < nsyms; ++i) {
       const std::uint8_t* p = data + symtab->offset + i * kSymSize;
@@ -331,6 +343,7 @@ ImageResult<CubinInfo> parse_cubin(const std::uint8_t* data, std::size_t size) {
       if (is_kernel) {
         if (name->empty()) return invalid();
         if (!kernel_names.insert(*name).second) continue;  // keep the first of equal names
+        if (!take(name->size())) return invalid();
         KernelInfo k;
         k.name = std::string(*name);
         k.num_regs = sh[shndx].info >> 24;  // pre-CUDA-12 images; EIATTR_REGCOUNT overrides
@@ -351,12 +364,14 @@ ImageResult<CubinInfo> parse_cubin(const std::uint8_t* data, std::size_t size) {
       const Shdr& s = sh[shndx];
       if (!in_bounds(value, sym_size, s.size)) return invalid();
       if (!global_names.insert(*name).second) continue;
+      if (!take(name->size())) return invalid();
       GlobalInfo g;
       g.name = std::string(*name);
       g.size = sym_size;
       g.constant = constant;
       g.managed = (other & kStoCudaManaged) != 0;
       if (!zero_section && has_file_bytes(s.type)) {
+        if (!take(sym_size)) return invalid();
         const std::uint8_t* b = data + s.offset + value;  // in bounds: elf_extent checked s
         g.init.assign(b, b + sym_size);
       }

@@ -13,16 +13,17 @@
 //   e_flags has two layouts, told apart by e_ident[EI_ABIVERSION]:
 //     ABI version >= 8 (CUDA 13): SM in bits 8..15 (sm_80 0x06005004, sm_90 0x06005a04,
 //       sm_100 0x06006402, sm_120 0x06007802); EF_CUDA_ACCELERATORS (sm_XXa) is bit 3.
-//     ABI version < 8 (CUDA 12 and older): SM in bits 0..7, EF_CUDA_ACCELERATORS_V1 is bit 11.
+//     ABI version < 8 (CUDA 12 and older): SM in bits 0..7, EF_CUDA_ACCELERATORS_V1 is bit 11
+//       (from LLVM's ELF.h; no older nvcc here to check it on).
 //   nvcc 13.0 does NOT set the accelerator bit for sm_90a/sm_100a/sm_120a: e_flags of an
 //   sm_90a cubin equal those of an sm_90 one. The 'a' marker it does write is record 0x09
 //   (EIFMT_BVAL, value 1) of the `.nv.compat` section (sh_type 0x70000086), which is 0 for
 //   sm_90/sm_100/sm_100f and 1 for sm_90a/sm_100a/sm_120a. Both are read.
 //
 // Sections used (all matched by name; sh_type differs between ET_EXEC and ET_REL images):
-//   .text.<kernel>        code; sh_info = index of the kernel's symbol. (Pre-CUDA-12 images
-//                         put the register count in sh_info bits 24..31; CUDA 13 does not, the
-//                         bits are 0, and the count is in .nv.info's EIATTR_REGCOUNT instead.)
+//   .text.<kernel>        code; sh_info = index of the kernel's symbol. (Older toolchains put the
+//                         register count in sh_info bits 24..31, unverified; nvcc 13 leaves them
+//                         0 and writes the count in .nv.info's EIATTR_REGCOUNT, which wins.)
 //   .nv.info              sh_type 0x70000000, per-module attributes keyed by symbol index:
 //                         EIATTR_REGCOUNT (0x2f) and EIATTR_FRAME_SIZE (0x11), both SVAL
 //                         {u32 symbol index; u32 value}.
@@ -33,7 +34,8 @@
 //                         start of this section: a kernel with `__shared__ float t[128]` has a
 //                         0x600-byte section on sm_90 and a 0x200-byte one on sm_80. A kernel
 //                         without static __shared__ has no section. What the real driver reports
-//                         as CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES for it was not checked on hardware.
+//                         as CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES for it was not checked on
+//                         hardware.
 //   .nv.global            NOBITS (ET_REL: 0x70000007): zero-initialised __device__ variables.
 //   .nv.global.init       PROGBITS (ET_REL: 0x70000008): initialised __device__ variables.
 //   .nv.constant<N>       __constant__ variables (bank 3 on sm_80/sm_90) with their bytes
@@ -42,12 +44,12 @@
 //                         holds user variables.
 //   .symtab / .strtab     kernels are STT_FUNC symbols with STO_CUDA_ENTRY (st_other & 0x10);
 //                         non-inlined __device__ functions are STT_FUNC without it (e.g. the
-//                         local `$kernel$_Z6helperf`, or global `_Z7helper2f` under -rdc). Variables
-//                         are STT_OBJECT (ET_REL: also type 13) symbols defined in the sections
-//                         above; st_value is the offset in the section. __managed__ variables carry
-//                         STO_CUDA_MANAGED (st_other & 0x04). In whole-program images the variable
-//                         symbols are STB_LOCAL; their names are the C++ names (mangled when in a
-//                         namespace: `_ZN2ns5nsvarE`).
+//                         local `$kernel$_Z6helperf`, or global `_Z7helper2f` under -rdc).
+//                         Variables are STT_OBJECT (ET_REL: also type 13) symbols defined in the
+//                         sections above; st_value is the offset in the section. __managed__
+//                         variables carry STO_CUDA_MANAGED (st_other & 0x04). In whole-program
+//                         images the variable symbols are STB_LOCAL; their names are the C++ names
+//                         (mangled when in a namespace: `_ZN2ns5nsvarE`).
 //
 // .nv.info records: {u8 format; u8 attribute; ...}; every record starts with 4 bytes:
 //   EIFMT_NVAL 0x01: {fmt, attr, u16 0}                      (e.g. EIATTR_EXPLICIT_CLUSTER 0x3e)
@@ -57,11 +59,12 @@
 // Kernel attributes read here:
 //   EIATTR_KPARAM_INFO    0x17 SVAL 12 bytes {u32 index (0); u16 ordinal; u16 offset; u32 tail},
 //                         parameter size = (tail >> 18) & 0x3fff (bits 12..15 of tail are 0xf in
-//                         every image seen). Written for kernels whose parameters all fit in 16 KiB.
+//                         every image seen). Used for kernels with small parameter spaces.
 //   EIATTR_KPARAM_INFO_V2 0x45 SVAL 12 bytes {u32 index; u16 ordinal; u16 offset; u32 size}:
-//                         written instead of 0x17, for every parameter of the kernel, once the
-//                         parameter space reaches 16 KiB (CUDA 12.1+ allows 32764 bytes); the last
-//                         word is the plain byte size (a 20000-byte struct: 0x00004e20).
+//                         written instead of 0x17 for every parameter of kernels with large
+//                         parameter spaces (seen for 16392 and 20008 bytes; CUDA 12.1+ allows
+//                         32764; the exact threshold was not pinned down); the last word is the
+//                         plain byte size (a 20000-byte struct: 0x00004e20).
 //   EIATTR_CBANK_PARAM_SIZE 0x19 HVAL: bytes of the parameter buffer (absent without parameters).
 //   EIATTR_PARAM_CBANK    0x0a SVAL {u32 symbol of .nv.constant0.<kernel>; u16 offset; u16 size}
 //                         (offset 0x210 on sm_90, 0x160 on sm_80; size = CBANK_PARAM_SIZE).
@@ -101,7 +104,7 @@ struct ImageError {
 template <class T>
 class ImageResult {
  public:
-  ImageResult(T v) : ok_(true), value_(std::move(v)) {}  // NOLINT: implicit like std::expected
+  ImageResult(T v) : ok_(true), value_(std::move(v)) {}   // NOLINT: implicit like std::expected
   ImageResult(ImageError e) : ok_(false), err_(e.err) {}  // NOLINT
   bool has_value() const { return ok_; }
   explicit operator bool() const { return ok_; }
@@ -146,8 +149,8 @@ struct GlobalInfo {
 };
 
 struct CubinInfo {
-  int sm = 0;                  // 90 for sm_90 and sm_90a
-  bool arch_specific = false;  // sm_XXa: runs only on exactly that SM
+  int sm = 0;                       // 90 for sm_90 and sm_90a
+  bool arch_specific = false;       // sm_XXa: runs only on exactly that SM
   std::vector<KernelInfo> kernels;  // in symbol table order
   std::vector<GlobalInfo> globals;  // in symbol table order
   std::uint64_t image_size = 0;     // elf_extent of the image (<= the size passed)

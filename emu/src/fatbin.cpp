@@ -48,7 +48,9 @@ std::optional<std::pair<const std::uint8_t*, std::size_t>> unwrap(const std::uin
   return std::make_pair(inner, *extent);
 }
 
-bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; }
+bool is_blank(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f';
+}
 
 // PTX source: the first thing after blanks and comments is one of the directives a PTX module
 // starts with (it must begin with .version; nvcc-written files start with // comments).
@@ -146,7 +148,10 @@ ImageResult<std::vector<FatbinEntry>> parse_fatbin(const std::uint8_t* data, std
 namespace {
 
 bool is_elf(const std::uint8_t* d, std::size_t size) {
-  return size >= 4 && std::memcmp(d, "\x7f" "ELF", 4) == 0;
+  return size >= 4 && std::memcmp(d,
+                                  "\x7f"
+                                  "ELF",
+                                  4) == 0;
 }
 
 ImageResult<CubinInfo> load_cubin(const std::uint8_t* data, std::size_t size, int device_sm,
@@ -173,8 +178,8 @@ ImageResult<CubinInfo> load_cubin(const std::uint8_t* data, std::size_t size, in
 
 }  // namespace
 
-ImageResult<CubinInfo> parse_module_image(const std::uint8_t* data, std::size_t size,
-                                          int device_sm, const ModuleImageOptions& options) {
+ImageResult<CubinInfo> parse_module_image(const std::uint8_t* data, std::size_t size, int device_sm,
+                                          const ModuleImageOptions& options) {
   if (size == 0) return fail(CUDA_ERROR_INVALID_IMAGE, options, "empty image");
   if (data == nullptr) return fail(CUDA_ERROR_INVALID_VALUE, options, "no image");
   if (is_elf(data, size)) return load_cubin(data, size, device_sm, options);
@@ -220,9 +225,9 @@ ImageResult<CubinInfo> parse_module_image(const std::uint8_t* data, std::size_t 
   }
 
   if (looks_like_ptx(data, size)) {
-    return fail(CUDA_ERROR_NO_BINARY_FOR_GPU, options,
-                "PTX text: the emulator has no JIT; load an sm_" + std::to_string(device_sm) +
-                    " cubin");
+    return fail(
+        CUDA_ERROR_NO_BINARY_FOR_GPU, options,
+        "PTX text: the emulator has no JIT; load an sm_" + std::to_string(device_sm) + " cubin");
   }
   return fail(CUDA_ERROR_INVALID_IMAGE, options, "not a cubin, fatbin or PTX image");
 }

@@ -48,8 +48,8 @@ inline constexpr std::uint32_t kFatbinWrapperMagic = 0x466243B1u;
 
 struct FatbinEntry {
   enum class Kind { kPtx, kElf, kOther } kind = Kind::kOther;
-  int sm = 0;               // the entry's arch field
-  bool compressed = false;  // flags 0x1000 / 0x2000 / 0x8000
+  int sm = 0;                             // the entry's arch field
+  bool compressed = false;                // flags 0x1000 / 0x2000 / 0x8000
   const std::uint8_t* payload = nullptr;  // into the container
   std::size_t payload_size = 0;  // compressed entries: the compressed size; else the padded size
 };
@@ -73,7 +73,7 @@ ImageResult<std::vector<FatbinEntry>> parse_fatbin(const std::uint8_t* data, std
 std::optional<std::size_t> fatbin_extent(const std::uint8_t* data, std::size_t limit);
 
 struct ModuleImageOptions {
-  bool follow_wrapper = true;        // as in FatbinOptions
+  bool follow_wrapper = true;         // as in FatbinOptions
   std::string* diagnostic = nullptr;  // if set, receives why an image was refused
 };
 
@@ -89,8 +89,8 @@ struct ModuleImageOptions {
 //                  -> CUDA_ERROR_NO_BINARY_FOR_GPU (no JIT).
 //   anything else  -> CUDA_ERROR_INVALID_IMAGE, as is size 0; data == nullptr with a size
 //                     -> CUDA_ERROR_INVALID_VALUE.
-ImageResult<CubinInfo> parse_module_image(const std::uint8_t* data, std::size_t size,
-                                          int device_sm, const ModuleImageOptions& options = {});
+ImageResult<CubinInfo> parse_module_image(const std::uint8_t* data, std::size_t size, int device_sm,
+                                          const ModuleImageOptions& options = {});
 
 // How many bytes parse_module_image should be given for an image passed without a size
 // (cuModuleLoadData, cuModuleLoadFatBinary, cuLibraryLoadData): elf_extent for an ELF image,

@@ -31,6 +31,7 @@ struct KernelNode {
   const ThawEmuTwin* twin = nullptr;  // resolved when the node is made
   std::string name;                   // mangled kernel name, for errors
   int priority = 0;
+  bool from_extra = false;  // set through `extra`: GetParams answers in the same form
 };
 
 struct MemsetNode {
@@ -92,6 +93,8 @@ struct GraphExec {
   std::uint64_t graph = 0;
   unsigned long long flags = 0;
   std::vector<ExecNode> nodes;  // topological order
+  // The previous launch: "each launch is ordered behind ... any previous launches".
+  StreamPoint last_launch;
 };
 
 // A stream capture in progress (cuStreamBeginCapture .. cuStreamEndCapture).
