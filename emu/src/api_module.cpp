@@ -14,6 +14,7 @@ namespace {
 
 constexpr int kDeviceSm = 90;
 constexpr int kMaxSharedPerBlockOptin = 232448;
+constexpr unsigned kReservedSharedPerBlock = 1024;
 
 // The size of an image cuModuleLoadData gets without one: from its own headers (cubin,
 // fatbin, the __fatBinC_Wrapper_t nvcc embeds in host objects, or NUL-terminated PTX).
@@ -70,8 +71,10 @@ CUresult create_module_locked(Context& ctx, std::shared_ptr<const CubinInfo> ima
       return r;
     }
     std::memset(reinterpret_cast<void*>(p), 0, size);
-    std::memcpy(reinterpret_cast<void*>(p), g.init.data(),
-                std::min<std::size_t>(g.init.size(), size));
+    if (!g.init.empty()) {  // zero-initialised variables have no bytes in the image
+      std::memcpy(reinterpret_cast<void*>(p), g.init.data(),
+                  std::min<std::size_t>(g.init.size(), size));
+    }
     m->allocations.push_back(p);
     m->globals[g.name] = DeviceGlobal{p, g.size};
   }
@@ -81,7 +84,10 @@ CUresult create_module_locked(Context& ctx, std::shared_ptr<const CubinInfo> ima
     f->module = m->handle;
     f->index = i;
     f->image = image;
-    f->max_dynamic_shared = 48 * 1024 - static_cast<int>(image->kernels[i].shared_bytes);
+    unsigned section = image->kernels[i].shared_bytes;
+    unsigned reserved = image->sm >= 80 ? kReservedSharedPerBlock : 0;
+    f->static_shared = static_cast<int>(section > reserved ? section - reserved : 0);
+    f->max_dynamic_shared = 48 * 1024 - f->static_shared;
     f->handle = t.functions.add(f);
     if (!lazy_loading()) resolve(*f);
     m->functions.push_back(f->handle);
@@ -196,7 +202,9 @@ EMU_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
     EMU_REQUIRE_INIT();
     std::lock_guard lock(driver().mu);
     auto m = module_tables().modules.find(handle_value(hmod));
-    if (!m || m->library != 0) return CUDA_ERROR_INVALID_HANDLE;
+    if (!m) return CUDA_ERROR_INVALID_HANDLE;
+    // "a module which was obtained from the Library Management API" is the library's.
+    if (m->library != 0) return CUDA_ERROR_NOT_PERMITTED;
     destroy_module_locked(m->handle);
     return CUDA_SUCCESS;
   });
@@ -212,6 +220,9 @@ EMU_EXPORT CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const 
     if (!m) return CUDA_ERROR_INVALID_HANDLE;
     for (std::size_t i = 0; i < m->image->kernels.size(); ++i) {
       if (m->image->kernels[i].name == name) {
+        // Under lazy loading, getting a function is what loads it (CUDA programming guide);
+        // only enumerated handles stay unloaded until first use.
+        resolve(*module_tables().functions.find(m->functions[i]));
         *hfunc = to_handle<CUfunction>(m->functions[i]);
         c.out_ptr("function", m->functions[i]);
         return CUDA_SUCCESS;
@@ -254,7 +265,8 @@ EMU_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmod
   return api("cuModuleGetGlobal", [&](Call& c) {
     c.arg("name", name);
     EMU_REQUIRE_INIT();
-    if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // "One of the parameters dptr or bytes (not both) can be NULL".
+    if (name == nullptr || (dptr == nullptr && bytes == nullptr)) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lock(driver().mu);
     auto m = module_tables().modules.find(handle_value(hmod));
     if (!m) return CUDA_ERROR_INVALID_HANDLE;
@@ -340,12 +352,19 @@ EMU_EXPORT CUresult cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUf
     if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
     return with_function(hfunc, [&](Function& f) {
       const KernelInfo& k = f.info();
-      switch (raw(attrib)) {
+      // These need the function loaded (documented CUDA_ERROR_FUNCTION_NOT_LOADED).
+      int a = raw(attrib);
+      if (!f.loaded && (a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ||
+                        a == CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES ||
+                        a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)) {
+        return CUDA_ERROR_FUNCTION_NOT_LOADED;
+      }
+      switch (a) {
         case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
           *pi = k.max_threads != 0 ? static_cast<int>(k.max_threads) : 1024;
           return CUDA_SUCCESS;
         case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES:
-          *pi = static_cast<int>(k.shared_bytes);
+          *pi = f.static_shared;
           return CUDA_SUCCESS;
         case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES:
         case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES:
@@ -384,8 +403,7 @@ EMU_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute at
     return with_function(hfunc, [&](Function& f) {
       switch (raw(attrib)) {
         case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
-          if (value < 0 ||
-              value + static_cast<int>(f.info().shared_bytes) > kMaxSharedPerBlockOptin) {
+          if (value < 0 || value + f.static_shared > kMaxSharedPerBlockOptin) {
             return CUDA_ERROR_INVALID_VALUE;
           }
           f.max_dynamic_shared = value;
@@ -580,7 +598,7 @@ EMU_EXPORT CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) {
 EMU_EXPORT CUresult cuKernelGetName(const char** name, CUkernel hfunc) {
   return api("cuKernelGetName", [&](Call&) {
     EMU_REQUIRE_INIT();
-    if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (name == nullptr || hfunc == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lock(driver().mu);
     auto& t = module_tables();
     auto k = t.kernels.find(handle_value(hfunc));

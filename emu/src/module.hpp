@@ -28,6 +28,10 @@ struct Function {  // CUfunction: a kernel of a module (in one context)
   bool loaded = false;
   const ThawEmuTwin* twin = nullptr;
   int max_dynamic_shared = 48 * 1024;
+  // Static shared memory the kernel declares. On sm_80+ ptxas puts the 1 KiB the hardware
+  // reserves per block into .nv.shared.<kernel> too; the driver reports it separately
+  // (CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK), so it is not counted here.
+  int static_shared = 0;
   int preferred_carveout = -1;
   std::map<int, int> attributes;  // other settable attributes, as set
 };
