@@ -4,7 +4,7 @@ PRESET ?= default
 CMAKE  ?= cmake
 CTEST  ?= ctest
 
-.PHONY: all deps build demo test test-default test-asan format clean
+.PHONY: all deps build demo test test-default test-asan test-fuzz format clean
 
 all: build
 
@@ -19,9 +19,9 @@ build: deps
 demo: build
 	@build/$(PRESET)/tools/emu-demo/thaw-emu-demo
 
-# Every test, in the default build and under ASan+UBSan.
+# Every test, in the default build and under ASan+UBSan, then a bounded libFuzzer run.
 test: deps
-	$(MAKE) --no-print-directory test-default test-asan
+	$(MAKE) --no-print-directory test-default test-asan test-fuzz
 
 test-default:
 	$(CMAKE) --preset default >/dev/null
@@ -32,6 +32,12 @@ test-asan:
 	$(CMAKE) --preset asan >/dev/null
 	$(CMAKE) --build --preset asan
 	$(CTEST) --preset asan
+
+# libFuzzer on the module image parsers (clang build in build/fuzz), fixed seed and time
+# so CI is reproducible. Longer runs: tests/fuzz/run-libfuzzer.sh 600
+FUZZ_SECONDS ?= 30
+test-fuzz:
+	tests/fuzz/run-libfuzzer.sh $(FUZZ_SECONDS) -seed=1
 
 format:
 	git ls-files '*.cpp' '*.hpp' '*.h' '*.c' | grep -v '^third_party/' | xargs clang-format -i
