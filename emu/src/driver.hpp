@@ -115,9 +115,9 @@ long current_tid();
 // trace, applies fault injection, refuses calls from inside stream callbacks.
 template <class Body>
 CUresult api(const char* name, Body&& body) {
-  Call call(name);
+  driver().config();  // opens the trace and loads fault rules on first use: before `call`
+  Call call(name);    // reads whether tracing is on
   CUresult r;
-  driver().config();  // opens the trace and loads fault rules on first use
   if (in_user_callback()) {
     r = CUDA_ERROR_NOT_PERMITTED;
   } else if (auto injected = faults_check(name)) {
