@@ -25,39 +25,11 @@
 #include <vector>
 
 #include "emu_kernels_cubins.h"
+#include "emu_test_support.hpp"
 
 namespace {
 
-const char* ErrorName(CUresult r) {
-  const char* s = nullptr;
-  return cuGetErrorName(r, &s) == CUDA_SUCCESS && s != nullptr ? s : "?";
-}
-
-#define ASSERT_CU(call)                                                    \
-  do {                                                                     \
-    CUresult r_ = (call);                                                  \
-    ASSERT_EQ(r_, CUDA_SUCCESS) << #call << " returned " << ErrorName(r_); \
-  } while (0)
-#define EXPECT_CU(call)                                                    \
-  do {                                                                     \
-    CUresult r_ = (call);                                                  \
-    EXPECT_EQ(r_, CUDA_SUCCESS) << #call << " returned " << ErrorName(r_); \
-  } while (0)
-#define EXPECT_CU_ERR(want, call)                                                     \
-  do {                                                                                \
-    CUresult r_ = (call);                                                             \
-    EXPECT_EQ(r_, want) << #call << " returned " << ErrorName(r_) << ", want " #want; \
-  } while (0)
-
 const CUgraph kBogusGraph = reinterpret_cast<CUgraph>(std::uintptr_t{0xdead});
-
-std::vector<float> RandomFloats(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -73,7 +45,7 @@ void CpuAddInto(std::vector<float>& dst, const std::vector<float>& src) {
 CUstreamCaptureStatus Status(CUstream s) {
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = cuStreamIsCapturing(s, &st);
-  EXPECT_EQ(r, CUDA_SUCCESS) << "cuStreamIsCapturing: " << ErrorName(r);
+  EXPECT_EQ(r, CUDA_SUCCESS) << "cuStreamIsCapturing: " << thaw::test::cu_error_name(r);
   return st;
 }
 
@@ -86,10 +58,7 @@ void NoOpCallback(CUstream, CUresult, void*) {}
 class Capture : public testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_CU(cuInit(0));
-    ASSERT_CU(cuDeviceGet(&dev_, 0));
-    ASSERT_CU(cuDevicePrimaryCtxRetain(&ctx_, dev_));
-    ASSERT_CU(cuCtxSetCurrent(ctx_));
+    ASSERT_NO_FATAL_FAILURE(thaw::test::open_primary_context(&dev_, &ctx_));
     ASSERT_CU(cuModuleLoadData(&chain_, thaw_cubin_chain().data));
     ASSERT_CU(cuModuleGetFunction(&axpb_, chain_, "axpb"));
     ASSERT_CU(cuModuleGetFunction(&add_into_, chain_, "add_into"));
@@ -339,7 +308,7 @@ TEST_P(CaptureForbidden, FailsAsUnsupportedAndInvalidatesTheCapture) {
       r = cuStreamAddCallback(s1_, NoOpCallback, nullptr, 0);
       break;
   }
-  EXPECT_EQ(r, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) << ErrorName(r);
+  EXPECT_EQ(r, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) << thaw::test::cu_error_name(r);
   EXPECT_EQ(Status(s1_), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
   // Work pushed into an invalidated capture fails with the invalidation ("the current capture
   // sequence on the stream has been invalidated due to a previous error").
@@ -522,11 +491,11 @@ TEST_P(CaptureEndThread, EndFromAnotherThreadIsWrongThreadUnlessRelaxed) {
   OnOtherThread([&] { r = cuStreamEndCapture(s1_, &g); });
   if (g != kBogusGraph && g != nullptr) graphs_.push_back(g);
   if (mode == CU_STREAM_CAPTURE_MODE_RELAXED) {
-    EXPECT_EQ(r, CUDA_SUCCESS) << ErrorName(r);
+    EXPECT_EQ(r, CUDA_SUCCESS) << thaw::test::cu_error_name(r);
     EXPECT_NE(g, nullptr);
     EXPECT_EQ(Status(s1_), CU_STREAM_CAPTURE_STATUS_NONE);
   } else {
-    EXPECT_EQ(r, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) << ErrorName(r);
+    EXPECT_EQ(r, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) << thaw::test::cu_error_name(r);
     EXPECT_EQ(Status(s1_), CU_STREAM_CAPTURE_STATUS_ACTIVE) << "the capture ended anyway";
     CUgraph mine = nullptr;
     EXPECT_CU(End(s1_, &mine));  // the right thread still can
@@ -580,7 +549,7 @@ TEST_F(Capture, SyncCopyOnTheLegacyStreamDuringAGlobalCaptureFails) {
   ASSERT_CU(cuStreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL));
   const CUresult r = cuMemcpyHtoD(x, host.data(), host.size() * sizeof(float));
   EXPECT_TRUE(r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-      << ErrorName(r);
+      << thaw::test::cu_error_name(r);
   End(blocking);
   EXPECT_EQ(Read(x, 1)[0], 1.0f) << "the rejected copy ran";
 }
@@ -636,8 +605,9 @@ TEST_F(Capture, LegacyStreamWorkIsFineWhileANonBlockingStreamCaptures) {
 // joined s2:          wait e1 ─ B ─ record e2
 TEST_F(Capture, ForkAndJoinThroughEventsCaptureTwoBranches) {
   constexpr int n = 999;
-  const std::vector<float> x0 = RandomFloats(n, 1), y0 = RandomFloats(n, 2),
-                           z0 = RandomFloats(n, 3);
+  const std::vector<float> x0 = thaw::test::random_floats(n, 1),
+                           y0 = thaw::test::random_floats(n, 2),
+                           z0 = thaw::test::random_floats(n, 3);
   CUdeviceptr x = Buffer(x0), y = Buffer(y0), z = Buffer(z0);
   CUevent fork = Event(), join = Event();
 
@@ -910,7 +880,7 @@ TEST_F(Capture, GetCaptureInfoReportsTheIdGraphAndCurrentDependencies) {
 // but will instead be captured into a graph."
 TEST_F(Capture, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
   constexpr int n = 256;
-  const std::vector<float> x0 = RandomFloats(n, 4);
+  const std::vector<float> x0 = thaw::test::random_floats(n, 4);
   CUdeviceptr x = Buffer(x0), y = Buffer(std::vector<float>(n, 9.0f));
   float* host = Pinned(n);
   ASSERT_NE(host, nullptr);

@@ -3,11 +3,11 @@
 // The rules come from the doxygen comments of CUDA 13's cuda.h (quoted where a rule is
 // subtle) and from the emulator's design where the documentation is silent. Tests that
 // need a particular THAW_EMU_* configuration, or an uninitialised driver, run their body
-// in a fresh process (InFreshProcess), so the suite also passes when run as one process.
+// in a fresh process (thaw::test::run_in_fresh_process), so the suite also passes when run as one
+// process.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
-#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -21,39 +21,13 @@
 #include <thread>
 #include <vector>
 
+#include "emu_test_support.hpp"
 #include "thaw/emu_inspect.h"
 
 namespace {
 
 constexpr unsigned long long kMiB = 1ull << 20;
 constexpr unsigned long long kGiB = 1ull << 30;
-
-// Runs `body` in a fresh process: with the "threadsafe" death-test style gtest re-executes
-// this test binary and runs only this statement there. The driver in that process is
-// uninitialised and reads the environment that `body` sets before its cuInit. Failures in
-// the child are collected and printed on its stderr, which gtest shows in the parent.
-[[noreturn]] void RunAndExit(const std::function<void()>& body) {
-  testing::TestPartResultArray results;
-  {
-    testing::ScopedFakeTestPartResultReporter reporter(
-        testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
-    body();
-  }
-  int failures = 0;
-  for (int i = 0; i < results.size(); ++i) {
-    const testing::TestPartResult& r = results.GetTestPartResult(i);
-    if (!r.failed()) continue;
-    ++failures;
-    std::fprintf(stderr, "%s:%d: Failure\n%s\n", r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.message());
-  }
-  std::fflush(nullptr);
-  std::_Exit(failures == 0 ? 0 : 1);
-}
-
-void InFreshProcess(const std::function<void()>& body) {
-  EXPECT_EXIT(RunAndExit(body), testing::ExitedWithCode(0), "");
-}
 
 // Optional entry points (not every one is in the emulator's scope): resolved at run time
 // so the suite builds either way; a test that needs a missing one is skipped.
@@ -86,14 +60,6 @@ int Attribute(CUdevice_attribute attr, CUdevice dev = 0) {
   return v;
 }
 
-// Leaves the calling thread with an empty context stack.
-void ClearContextStack() {
-  CUcontext c = nullptr;
-  for (int i = 0; i < 64 && cuCtxPopCurrent(&c) == CUDA_SUCCESS; ++i) {
-  }
-  cuCtxSetCurrent(nullptr);
-}
-
 // Tests that run in this process with the default configuration.
 class DeviceContextTest : public testing::Test {
  protected:
@@ -101,9 +67,9 @@ class DeviceContextTest : public testing::Test {
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     ASSERT_EQ(cuDeviceGet(&dev_, 0), CUDA_SUCCESS);
     ASSERT_EQ(cuDeviceGetCount(&count_), CUDA_SUCCESS);
-    ClearContextStack();
+    thaw::test::clear_context_stack();
   }
-  void TearDown() override { ClearContextStack(); }
+  void TearDown() override { thaw::test::clear_context_stack(); }
 
   CUdevice dev_ = -1;
   int count_ = 0;
@@ -116,7 +82,7 @@ class DeviceContextTest : public testing::Test {
 // cuInit: "If cuInit() has not been called, any function from the driver API will return
 // CUDA_ERROR_NOT_INITIALIZED."
 TEST(DriverInit, DriverCallsBeforeCuInitReturnNotInitialized) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     int i = 0;
     size_t s = 0, t = 0;
     char name[64];
@@ -167,7 +133,7 @@ TEST(DriverInit, DriverCallsBeforeCuInitReturnNotInitialized) {
 // The calls a program (or the CUDA runtime) makes before cuInit: the version, error
 // strings, and cuGetProcAddress (the runtime resolves cuInit itself through it).
 TEST(DriverInit, VersionErrorStringsAndEntryPointsWorkBeforeCuInit) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     int version = 0;
     EXPECT_EQ(cuDriverGetVersion(&version), CUDA_SUCCESS);
     EXPECT_GE(version, 13000);
@@ -197,7 +163,7 @@ TEST(DriverInit, VersionErrorStringsAndEntryPointsWorkBeforeCuInit) {
 // nothing (the documentation names no partial state; a driver that returned an error from
 // cuInit is not usable).
 TEST(DriverInit, NonZeroFlagsAreInvalidValueAndInitialiseNothing) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     EXPECT_EQ(cuInit(1), CUDA_ERROR_INVALID_VALUE);
     EXPECT_EQ(cuInit(0x80000000u), CUDA_ERROR_INVALID_VALUE);
     int count = -1;
@@ -216,7 +182,7 @@ TEST_F(DeviceContextTest, RepeatedCuInitSucceeds) {
 
 // A machine without a GPU: the real driver's cuInit answers CUDA_ERROR_NO_DEVICE there.
 TEST(DriverInit, ZeroDevicesMakesCuInitReportNoDevice) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_DEVICES", "0", 1);
     EXPECT_EQ(cuInit(0), CUDA_ERROR_NO_DEVICE);
   });
@@ -264,7 +230,7 @@ TEST_F(DeviceContextTest, DriverVersionNullIsInvalidValue) {
 // ---------------------------------------------------------------------------------------
 
 TEST(Devices, CountDefaultsToOne) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     unsetenv("THAW_EMU_DEVICES");
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     int count = 0;
@@ -276,7 +242,7 @@ TEST(Devices, CountDefaultsToOne) {
 // cuDeviceGet: "an ordinal in the range [0, cuDeviceGetCount()-1]"; others are
 // CUDA_ERROR_INVALID_DEVICE.
 TEST(Devices, CountAndOrdinalsFollowThawEmuDevices) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_DEVICES", "3", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     int count = 0;
@@ -330,7 +296,7 @@ TEST_F(DeviceContextTest, InvalidDeviceHandlesAreInvalidDevice) {
 }
 
 TEST(Devices, MemoryDefaultsTo80GiB) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     unsetenv("THAW_EMU_DEVICE_MEMORY");
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     size_t bytes = 0;
@@ -340,7 +306,7 @@ TEST(Devices, MemoryDefaultsTo80GiB) {
 }
 
 TEST(Devices, OneMemorySizeAppliesToEveryDevice) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_DEVICES", "2", 1);
     setenv("THAW_EMU_DEVICE_MEMORY", "512M", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
@@ -355,7 +321,7 @@ TEST(Devices, OneMemorySizeAppliesToEveryDevice) {
 // cuMemGetInfo's total is the current context's device memory: the same figure as
 // cuDeviceTotalMem, per device.
 TEST(Devices, MemorySizesPerDeviceFromACommaList) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_DEVICES", "2", 1);
     setenv("THAW_EMU_DEVICE_MEMORY", "1G,2G", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
@@ -399,7 +365,7 @@ TEST_F(DeviceContextTest, NameIsShortenedToLen) {
 }
 
 TEST(Devices, UuidsAreDistinctNonZeroAndStable) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_DEVICES", "4", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     std::set<std::string> seen;
@@ -699,7 +665,7 @@ TEST_F(DeviceContextTest, CreateSupplantsAndDestroyRestoresThePreviousContext) {
   EXPECT_EQ(Current(), a);
   EXPECT_EQ(cuCtxDestroy(a), CUDA_SUCCESS);
   EXPECT_EQ(Current(), primary);
-  ClearContextStack();
+  thaw::test::clear_context_stack();
   EXPECT_EQ(cuDevicePrimaryCtxRelease(dev_), CUDA_SUCCESS);
 }
 
@@ -824,7 +790,7 @@ TEST_F(DeviceContextTest, DestroyFreesTheContextsAllocations) {
 }
 
 TEST(Contexts, ContextsAreBoundToTheirDevice) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_DEVICES", "2", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     CUcontext p0 = nullptr, p1 = nullptr;

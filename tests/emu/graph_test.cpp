@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "emu_kernels_cubins.h"
+#include "emu_test_support.hpp"
 
 namespace {
 
@@ -44,40 +45,11 @@ bool OnEmulator() {
   return dlsym(RTLD_DEFAULT, "thawEmuGetDeviceStats") != nullptr;
 }
 
-const char* ErrorName(CUresult r) {
-  const char* s = nullptr;
-  return cuGetErrorName(r, &s) == CUDA_SUCCESS && s != nullptr ? s : "?";
-}
-
-#define ASSERT_CU(call)                                                    \
-  do {                                                                     \
-    CUresult r_ = (call);                                                  \
-    ASSERT_EQ(r_, CUDA_SUCCESS) << #call << " returned " << ErrorName(r_); \
-  } while (0)
-#define EXPECT_CU(call)                                                    \
-  do {                                                                     \
-    CUresult r_ = (call);                                                  \
-    EXPECT_EQ(r_, CUDA_SUCCESS) << #call << " returned " << ErrorName(r_); \
-  } while (0)
-#define EXPECT_CU_ERR(want, call)                                                     \
-  do {                                                                                \
-    CUresult r_ = (call);                                                             \
-    EXPECT_EQ(r_, want) << #call << " returned " << ErrorName(r_) << ", want " #want; \
-  } while (0)
-
 // An entry point the CUDA 13 header no longer names (it maps the plain name to a newer
 // version), as an application built against an older header calls it.
 template <class Fn>
 Fn Symbol(const char* name) {
   return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
-}
-
-std::vector<float> RandomFloats(std::size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
 }
 
 bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
@@ -98,10 +70,7 @@ void CpuAddInto(std::vector<float>& dst, const std::vector<float>& src) {
 class Graphs : public testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_CU(cuInit(0));
-    ASSERT_CU(cuDeviceGet(&dev_, 0));
-    ASSERT_CU(cuDevicePrimaryCtxRetain(&ctx_, dev_));
-    ASSERT_CU(cuCtxSetCurrent(ctx_));
+    ASSERT_NO_FATAL_FAILURE(thaw::test::open_primary_context(&dev_, &ctx_));
     ASSERT_CU(cuModuleLoadData(&chain_, thaw_cubin_chain().data));
     ASSERT_CU(cuModuleLoadData(&samples_, thaw_cubin_samples().data));
     ASSERT_CU(cuModuleGetFunction(&axpb_, chain_, kAxpb));
@@ -344,7 +313,7 @@ void DescribeKernelNode(CUgraphNode node, KernelNodeDesc& d) {
     std::size_t offset = 0, size = 0;
     CUresult r = cuFuncGetParamInfo(p.func, i, &offset, &size);
     if (r == CUDA_ERROR_INVALID_VALUE) break;
-    ASSERT_EQ(r, CUDA_SUCCESS) << ErrorName(r);
+    ASSERT_EQ(r, CUDA_SUCCESS) << thaw::test::cu_error_name(r);
     ASSERT_LT(i, 64u) << "cuFuncGetParamInfo never reports the end of the parameters";
     d.offsets.push_back(offset);
     sizes.push_back(size);
@@ -372,7 +341,8 @@ void DescribeKernelNode(CUgraphNode node, KernelNodeDesc& d) {
 TEST_F(Graphs, CapturedGraphRebuiltNodeByNodeReplaysBitIdentically) {
   constexpr int kLaunches = 128;
   constexpr int n = 4099;  // not a multiple of any block size: tail threads idle
-  const std::vector<float> x0 = RandomFloats(n, 1), acc0 = RandomFloats(n, 2);
+  const std::vector<float> x0 = thaw::test::random_floats(n, 1),
+                           acc0 = thaw::test::random_floats(n, 2);
   CUdeviceptr x = Buffer(x0), acc = Buffer(acc0);
   ASSERT_NE(x, 0u);
   ASSERT_NE(acc, 0u);
@@ -598,7 +568,7 @@ CUDA_MEMCPY3D Copy1D(CUmemorytype dst_type, CUdeviceptr dst_dev, void* dst_host,
 // event record
 TEST_F(Graphs, NodesOfEveryTypeRunInDependencyOrder) {
   constexpr int n = 1000;
-  const std::vector<float> in = RandomFloats(n, 3);
+  const std::vector<float> in = thaw::test::random_floats(n, 3);
   CUdeviceptr a = Buffer(std::vector<float>(n, -7.0f)), b = Buffer(std::vector<float>(n, -7.0f)),
               c = Buffer(std::vector<float>(n, -7.0f));
   float* host_in = Pinned(n);
@@ -709,8 +679,9 @@ TEST_F(Graphs, EventWaitNodeWaitsForTheEventsWork) {
 //                 └─ right ┘
 TEST_F(Graphs, DiamondOfIndependentBranchesComputesTheRightResult) {
   constexpr int n = 777;
-  const std::vector<float> x0 = RandomFloats(n, 4), y0 = RandomFloats(n, 5),
-                           z0 = RandomFloats(n, 6);
+  const std::vector<float> x0 = thaw::test::random_floats(n, 4),
+                           y0 = thaw::test::random_floats(n, 5),
+                           z0 = thaw::test::random_floats(n, 6);
   CUdeviceptr x = Buffer(x0), y = Buffer(y0), z = Buffer(z0);
   CUgraph g = Graph();
   CUgraphNode top = AddAxpb(g, {}, x, 1.0f, 1.0f, n);  // x += 1
@@ -740,7 +711,7 @@ TEST_F(Graphs, DiamondOfIndependentBranchesComputesTheRightResult) {
 // of hGraphExec."
 TEST_F(Graphs, RepeatedLaunchesOfOneExecAccumulate) {
   constexpr int n = 300;
-  const std::vector<float> x0 = RandomFloats(n, 7);
+  const std::vector<float> x0 = thaw::test::random_floats(n, 7);
   CUdeviceptr x = Buffer(x0), ones = Buffer(std::vector<float>(n, 1.0f));
   CUgraph g = Graph();
   CUgraphNode first = AddAxpb(g, {}, x, 0.5f, 1.0f, n);  // x = x/2 + 1: order-sensitive
@@ -954,7 +925,7 @@ TEST_F(Graphs, AddNodeWithBadDependenciesIsInvalidValue) {
 
 TEST_F(Graphs, KernelNodeParamsRoundTripThroughV1AndV2) {
   constexpr int n = 500;
-  const std::vector<float> x0 = RandomFloats(n, 8);
+  const std::vector<float> x0 = thaw::test::random_floats(n, 8);
   CUdeviceptr x = Buffer(x0);
   CUgraph g = Graph();
 
@@ -1149,7 +1120,8 @@ TEST_F(Graphs, CapturedKernelNodeTakesTheStreamsPriority) {
 // this call without affecting the clone."
 TEST_F(Graphs, CloneLaunchesLikeTheOriginalAndIsIndependentOfIt) {
   constexpr int n = 321;
-  const std::vector<float> x0 = RandomFloats(n, 9), y0 = RandomFloats(n, 10);
+  const std::vector<float> x0 = thaw::test::random_floats(n, 9),
+                           y0 = thaw::test::random_floats(n, 10);
   CUdeviceptr x = Buffer(x0), y = Buffer(y0);
   CUgraph g = nullptr;
   ASSERT_CU(cuGraphCreate(&g, 0));
@@ -1184,7 +1156,7 @@ TEST_F(Graphs, CloneLaunchesLikeTheOriginalAndIsIndependentOfIt) {
 
 TEST_F(Graphs, ExecUpdateWithTheSameTopologyTakesTheNewParameters) {
   constexpr int n = 256;
-  const std::vector<float> x0 = RandomFloats(n, 11);
+  const std::vector<float> x0 = thaw::test::random_floats(n, 11);
   CUdeviceptr x = Buffer(x0);
   CUgraph g1 = Graph();
   CUgraphNode a1 = AddAxpb(g1, {}, x, 2.0f, 1.0f, n);
@@ -1215,7 +1187,7 @@ TEST_F(Graphs, ExecUpdateWithTheSameTopologyTakesTheNewParameters) {
 // performed".
 TEST_F(Graphs, ExecUpdateWithADifferentNodeCountFailsAsTopologyChanged) {
   constexpr int n = 256;
-  const std::vector<float> x0 = RandomFloats(n, 12);
+  const std::vector<float> x0 = thaw::test::random_floats(n, 12);
   CUdeviceptr x = Buffer(x0);
   CUgraph g1 = Graph();
   CUgraphNode a1 = AddAxpb(g1, {}, x, 2.0f, 1.0f, n);
@@ -1257,7 +1229,7 @@ TEST_F(Graphs, ExecUpdateWithADifferentNodeCountFailsAsTopologyChanged) {
 // modified by this call."
 TEST_F(Graphs, ExecKernelNodeSetParamsChangesOneLaunchOnly) {
   constexpr int n = 200;
-  const std::vector<float> x0 = RandomFloats(n, 13);
+  const std::vector<float> x0 = thaw::test::random_floats(n, 13);
   CUdeviceptr x = Buffer(x0);
   CUgraph g = Graph();
   CUgraphNode k1 = AddAxpb(g, {}, x, 2.0f, 1.0f, n);
@@ -1335,7 +1307,7 @@ TEST_F(Graphs, GraphWithAKernelWithoutTwinFailsToLaunchWithNotFound) {
   testing::internal::CaptureStderr();
   const CUresult r = cuGraphLaunch(e, stream_);
   const std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_EQ(r, CUDA_ERROR_NOT_FOUND) << ErrorName(r);
+  EXPECT_EQ(r, CUDA_ERROR_NOT_FOUND) << thaw::test::cu_error_name(r);
   EXPECT_NE(err.find(kNoTwin), std::string::npos) << "stderr does not name the kernel: " << err;
   // Nothing ran, and the stream is still usable.
   EXPECT_CU(cuStreamSynchronize(stream_));

@@ -15,7 +15,6 @@
 // in a freshly executed copy of this binary (gtest's "threadsafe" death-test style), as
 // tests/emu/timing_test.cpp does.
 #include <cuda.h>
-#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -28,6 +27,7 @@
 #include <vector>
 
 #include "emu_kernels_cubins.h"
+#include "emu_test_support.hpp"
 
 namespace {
 
@@ -37,14 +37,7 @@ double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-// Sanitizer and unoptimised builds run the emulator's own work several times slower: there
-// every configured cost is multiplied by this factor, so the model still dominates and the same
-// relative tolerances hold (as in timing_test.cpp).
-#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
-constexpr double kSlowBuild = 4;
-#else
-constexpr double kSlowBuild = 1;
-#endif
+using thaw::test::kSlowBuild;  // see emu_test_support.hpp
 
 constexpr int kLaunches = 100;
 constexpr int kElements = 256;
@@ -61,58 +54,22 @@ struct GraphTimingEnv {
   std::optional<double> graph_node_latency_us;
 };
 
-void ApplyEnv(const GraphTimingEnv& env) {
-  auto set = [](const char* name, std::optional<double> value) {
-    if (value) {
-      char text[64];
-      std::snprintf(text, sizeof(text), "%.17g", *value);
-      setenv(name, text, 1);
-    } else {
-      unsetenv(name);
-    }
-  };
-  setenv("THAW_EMU_TIMING", "1", 1);
-  set("THAW_EMU_CAPTURE_NODE_US", env.capture_node_us);
-  set("THAW_EMU_INSTANTIATE_NODE_US", env.instantiate_node_us);
-  set("THAW_EMU_LAUNCH_LATENCY_US", env.launch_latency_us);
-  set("THAW_EMU_GRAPH_NODE_LATENCY_US", env.graph_node_latency_us);
-}
-
-// Runs `body` with gtest's failures intercepted; prints them (a death-test child's own failure
-// output is suppressed) and returns the exit status: 0 if nothing failed.
-int RunAndReport(const GraphTimingEnv& env, const std::function<void()>& body) {
-  ApplyEnv(env);
-  testing::TestPartResultArray results;
-  {
-    testing::ScopedFakeTestPartResultReporter reporter(
-        testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
-    body();
-  }
-  int failures = 0;
-  for (int i = 0; i < results.size(); ++i) {
-    const testing::TestPartResult& r = results.GetTestPartResult(i);
-    if (!r.failed()) continue;
-    ++failures;
-    std::printf("%s:%d: Failure\n%s\n", r.file_name() != nullptr ? r.file_name() : "?",
-                r.line_number(), r.message());
-  }
-  std::fflush(stdout);
-  return failures == 0 ? 0 : 1;
-}
-
 // Runs one scenario in a fresh process configured by `env`.
 void RunScenario(const GraphTimingEnv& env, const std::function<void()>& body) {
-  EXPECT_EXIT(std::_Exit(RunAndReport(env, body)), testing::ExitedWithCode(0), "");
+  using thaw::test::env_number;
+  thaw::test::run_in_fresh_process(
+      {{"THAW_EMU_TIMING", "1"},
+       {"THAW_EMU_CAPTURE_NODE_US", env_number(env.capture_node_us)},
+       {"THAW_EMU_INSTANTIATE_NODE_US", env_number(env.instantiate_node_us)},
+       {"THAW_EMU_LAUNCH_LATENCY_US", env_number(env.launch_latency_us)},
+       {"THAW_EMU_GRAPH_NODE_LATENCY_US", env_number(env.graph_node_latency_us)}},
+      body);
 }
 
 // cuInit, the primary context, chain.cu loaded, a non-blocking stream and one device buffer.
 class Driver {
  public:
   Driver() {
-    EXPECT_EQ(cuInit(0), CUDA_SUCCESS);
-    EXPECT_EQ(cuDeviceGet(&dev_, 0), CUDA_SUCCESS);
-    EXPECT_EQ(cuDevicePrimaryCtxRetain(&ctx_, dev_), CUDA_SUCCESS);
-    EXPECT_EQ(cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
     EXPECT_EQ(cuModuleLoadData(&chain_, thaw_cubin_chain().data), CUDA_SUCCESS);
     EXPECT_EQ(cuModuleGetFunction(&axpb_, chain_, "axpb"), CUDA_SUCCESS);
     EXPECT_EQ(cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -124,8 +81,6 @@ class Driver {
     EXPECT_EQ(cuStreamDestroy(stream_), CUDA_SUCCESS);
     EXPECT_EQ(cuMemFree(x_), CUDA_SUCCESS);
     EXPECT_EQ(cuModuleUnload(chain_), CUDA_SUCCESS);
-    EXPECT_EQ(cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
-    EXPECT_EQ(cuDevicePrimaryCtxRelease(dev_), CUDA_SUCCESS);
   }
 
   void Reset() {
@@ -149,8 +104,7 @@ class Driver {
   CUstream stream() const { return stream_; }
 
  private:
-  CUdevice dev_ = 0;
-  CUcontext ctx_ = nullptr;
+  thaw::test::PrimaryContext primary_;  // first member: constructed first, destroyed last
   CUmodule chain_ = nullptr;
   CUfunction axpb_ = nullptr;
   CUstream stream_ = nullptr;

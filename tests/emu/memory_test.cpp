@@ -3,10 +3,9 @@
 //
 // Rules come from CUDA 13's cuda.h (quoted where subtle); where it is silent the
 // emulator's design decides, and the comment says so. Tests that need a particular
-// THAW_EMU_* configuration run in a fresh process (InFreshProcess) so the suite also
-// passes when run as one process.
+// THAW_EMU_* configuration run in a fresh process (thaw::test::run_in_fresh_process) so the suite
+// also passes when run as one process.
 #include <cuda.h>
-#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -20,38 +19,12 @@
 #include <numeric>
 #include <vector>
 
+#include "emu_test_support.hpp"
 #include "thaw/emu_inspect.h"
 
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
-
-// Runs `body` in a fresh process: with the "threadsafe" death-test style gtest re-executes
-// this test binary and runs only this statement there. The driver in that process is
-// uninitialised and reads the environment that `body` sets before its cuInit. Failures in
-// the child are collected and printed on its stderr, which gtest shows in the parent.
-[[noreturn]] void RunAndExit(const std::function<void()>& body) {
-  testing::TestPartResultArray results;
-  {
-    testing::ScopedFakeTestPartResultReporter reporter(
-        testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
-    body();
-  }
-  int failures = 0;
-  for (int i = 0; i < results.size(); ++i) {
-    const testing::TestPartResult& r = results.GetTestPartResult(i);
-    if (!r.failed()) continue;
-    ++failures;
-    std::fprintf(stderr, "%s:%d: Failure\n%s\n", r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.message());
-  }
-  std::fflush(nullptr);
-  std::_Exit(failures == 0 ? 0 : 1);
-}
-
-void InFreshProcess(const std::function<void()>& body) {
-  EXPECT_EXIT(RunAndExit(body), testing::ExitedWithCode(0), "");
-}
 
 std::vector<unsigned char> Pattern(size_t n, unsigned seed) {
   std::vector<unsigned char> v(n);
@@ -77,13 +50,6 @@ size_t FreeMemory() {
   return free;
 }
 
-void ClearContextStack() {
-  CUcontext c = nullptr;
-  for (int i = 0; i < 64 && cuCtxPopCurrent(&c) == CUDA_SUCCESS; ++i) {
-  }
-  cuCtxSetCurrent(nullptr);
-}
-
 // The primary context of device 0, current for the test; releasing it afterwards frees
 // whatever a failed test left behind.
 class MemoryTest : public testing::Test {
@@ -91,13 +57,13 @@ class MemoryTest : public testing::Test {
   void SetUp() override {
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     ASSERT_EQ(cuDeviceGet(&dev_, 0), CUDA_SUCCESS);
-    ClearContextStack();
+    thaw::test::clear_context_stack();
     ASSERT_EQ(cuDevicePrimaryCtxRetain(&ctx_, dev_), CUDA_SUCCESS);
     retained_ = true;
     ASSERT_EQ(cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
   }
   void TearDown() override {
-    ClearContextStack();
+    thaw::test::clear_context_stack();
     if (retained_) cuDevicePrimaryCtxRelease(dev_);
   }
 
@@ -198,7 +164,7 @@ TEST_F(MemoryTest, AllocLargerThanTheDeviceIsOutOfMemory) {
 // Out of memory is reported, never overcommitted: with 64 MiB of device memory, the
 // allocations that succeed never add up to more than 64 MiB.
 TEST(MemoryLimits, AllocationsBeyondDeviceMemoryAreOutOfMemory) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_DEVICE_MEMORY", "64M", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     CUcontext ctx = nullptr;
@@ -240,7 +206,7 @@ TEST(MemoryLimits, AllocationsBeyondDeviceMemoryAreOutOfMemory) {
 // is: another process's allocations count against this one's, and a process that dies
 // gives back what it held.
 TEST(MemoryLimits, OtherProcessesAllocationsCountAndDieWithThem) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_DEVICE_MEMORY", "64M", 1);
     int go[2], done[2];
     ASSERT_EQ(pipe(go), 0);
@@ -887,7 +853,7 @@ TEST_F(MemoryTest, PointerAttributesAgreeWithTheSingleQueries) {
 // DEVICE_ORDINAL: "a device ordinal of a device against which the memory was allocated";
 // CONTEXT: "the CUcontext in which ptr was allocated".
 TEST(PointerAttributes, NameTheDeviceAndContextOfTheAllocation) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_DEVICES", "2", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     CUcontext c1 = nullptr, c0 = nullptr;

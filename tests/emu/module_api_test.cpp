@@ -15,11 +15,11 @@
 //
 // Tests whose environment matters (CUDA_MODULE_LOADING, THAW_EMU_TRACE), that need a process
 // without any context, or that leave the context with a sticky error run their body in a
-// fresh process (InFreshProcess), so the suite also passes when run as one process.
+// fresh process (thaw::test::run_in_fresh_process), so the suite also passes when run as one
+// process.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
-#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "emu_kernels_cubins.h"
+#include "emu_test_support.hpp"
 #include "thaw/emu_inspect.h"
 
 namespace {
@@ -55,54 +56,6 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 bool OnEmulator() {
   return dlsym(RTLD_DEFAULT, "thawEmuGetDeviceStats") != nullptr;
-}
-
-const char* ErrorName(CUresult r) {
-  const char* s = nullptr;
-  return cuGetErrorName(r, &s) == CUDA_SUCCESS && s != nullptr ? s : "?";
-}
-
-#define ASSERT_CU(call)                                                    \
-  do {                                                                     \
-    CUresult r_ = (call);                                                  \
-    ASSERT_EQ(r_, CUDA_SUCCESS) << #call << " returned " << ErrorName(r_); \
-  } while (0)
-#define EXPECT_CU(call)                                                    \
-  do {                                                                     \
-    CUresult r_ = (call);                                                  \
-    EXPECT_EQ(r_, CUDA_SUCCESS) << #call << " returned " << ErrorName(r_); \
-  } while (0)
-// A call that must fail with `want`; the message names both codes.
-#define EXPECT_CU_ERR(want, call)                                                        \
-  do {                                                                                   \
-    CUresult r_ = (call);                                                                \
-    EXPECT_EQ(r_, want) << #call << " returned " << ErrorName(r_) << ", want " << #want; \
-  } while (0)
-
-// Runs `body` in a fresh process: with the "threadsafe" death-test style gtest re-executes
-// this binary and runs only this statement there, with an uninitialised driver. Failures in
-// the child are printed on its stderr, which gtest shows in the parent.
-[[noreturn]] void RunAndExit(const std::function<void()>& body) {
-  testing::TestPartResultArray results;
-  {
-    testing::ScopedFakeTestPartResultReporter reporter(
-        testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
-    body();
-  }
-  int failures = 0;
-  for (int i = 0; i < results.size(); ++i) {
-    const testing::TestPartResult& r = results.GetTestPartResult(i);
-    if (!r.failed()) continue;
-    ++failures;
-    std::fprintf(stderr, "%s:%d: Failure\n%s\n", r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.message());
-  }
-  std::fflush(nullptr);
-  std::_Exit(failures == 0 ? 0 : 1);
-}
-
-void InFreshProcess(const std::function<void()>& body) {
-  EXPECT_EXIT(RunAndExit(body), testing::ExitedWithCode(0), "");
 }
 
 // Device memory that frees itself.
@@ -146,7 +99,7 @@ class VecAddJob {
   int Wrong() {
     std::vector<float> c(n_);
     CUresult r = cuMemcpyDtoH(c.data(), dc_.ptr, Bytes());
-    EXPECT_EQ(r, CUDA_SUCCESS) << ErrorName(r);
+    EXPECT_EQ(r, CUDA_SUCCESS) << thaw::test::cu_error_name(r);
     if (r != CUDA_SUCCESS) return n_;
     int wrong = 0;
     for (int i = 0; i < n_; ++i) {
@@ -197,7 +150,8 @@ int DeviceAttribute(CUdevice_attribute attr, CUdevice dev = 0) {
 int FuncAttribute(CUfunction f, CUfunction_attribute attr) {
   int v = -1;
   CUresult r = cuFuncGetAttribute(&v, attr, f);
-  EXPECT_EQ(r, CUDA_SUCCESS) << "cuFuncGetAttribute(" << attr << "): " << ErrorName(r);
+  EXPECT_EQ(r, CUDA_SUCCESS) << "cuFuncGetAttribute(" << attr
+                             << "): " << thaw::test::cu_error_name(r);
   return v;
 }
 
@@ -217,10 +171,7 @@ std::string FuncName(CUfunction f) {
 class ModuleApi : public testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_CU(cuInit(0));
-    ASSERT_CU(cuDeviceGet(&dev_, 0));
-    ASSERT_CU(cuDevicePrimaryCtxRetain(&ctx_, dev_));
-    ASSERT_CU(cuCtxSetCurrent(ctx_));
+    ASSERT_NO_FATAL_FAILURE(thaw::test::open_primary_context(&dev_, &ctx_));
     ASSERT_CU(cuModuleLoadData(&samples_, thaw_cubin_samples().data));
   }
   void TearDown() override {
@@ -234,7 +185,8 @@ class ModuleApi : public testing::Test {
   CUfunction Function(CUmodule mod, const char* name) {
     CUfunction f = nullptr;
     CUresult r = cuModuleGetFunction(&f, mod, name);
-    EXPECT_EQ(r, CUDA_SUCCESS) << "cuModuleGetFunction(" << name << "): " << ErrorName(r);
+    EXPECT_EQ(r, CUDA_SUCCESS) << "cuModuleGetFunction(" << name
+                               << "): " << thaw::test::cu_error_name(r);
     return f;
   }
 
@@ -302,7 +254,7 @@ TEST_F(ModuleApi, UncompressedFatbinLoadsAndItsKernelsRun) {
     SCOPED_TRACE(what);
     CUmodule m = nullptr;
     CUresult r = load(&m);
-    ASSERT_EQ(r, CUDA_SUCCESS) << ErrorName(r);
+    ASSERT_EQ(r, CUDA_SUCCESS) << thaw::test::cu_error_name(r);
     unsigned count = 0;
     EXPECT_CU(cuModuleGetFunctionCount(&count, m));
     EXPECT_EQ(count, 4u);
@@ -417,7 +369,7 @@ TEST_F(ModuleApi, ModuleLoadsWithoutACurrentContextAreInvalidContext) {
 }
 
 TEST(ModuleApiNoInit, ModuleAndLibraryLoadsBeforeCuInitAreNotInitialized) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     CUmodule m = nullptr;
     CUlibrary lib = nullptr;
     EXPECT_CU_ERR(CUDA_ERROR_NOT_INITIALIZED, cuModuleLoadData(&m, thaw_cubin_chain().data));
@@ -560,7 +512,7 @@ TEST_F(ModuleApi, KernelUpdatesAGlobalAndEachModuleHasItsOwn) {
 // loaded function handle [...]. Alternatively, cuFunctionLoad can be used to explicitly load a
 // function." LAZY is the default (CUDA 12.2+).
 TEST(ModuleApiLazy, EnumeratedFunctionsLoadOnFirstLaunchOrCuFuncLoad) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     unsetenv("CUDA_MODULE_LOADING");
     ASSERT_CU(cuInit(0));
     CUcontext ctx = nullptr;
@@ -611,7 +563,7 @@ TEST(ModuleApiLazy, EnumeratedFunctionsLoadOnFirstLaunchOrCuFuncLoad) {
 // until cuModuleGetFunction() is called." So the handle cuModuleGetFunction returns is loaded,
 // while the module's other functions are not.
 TEST(ModuleApiLazy, GetFunctionLoadsThatFunctionOnly) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     unsetenv("CUDA_MODULE_LOADING");
     ASSERT_CU(cuInit(0));
     CUcontext ctx = nullptr;
@@ -638,7 +590,7 @@ TEST(ModuleApiLazy, GetFunctionLoadsThatFunctionOnly) {
 
 // With CUDA_MODULE_LOADING=EAGER every function is loaded when its module is.
 TEST(ModuleApiLazy, EagerLoadingLoadsEveryFunctionAtOnce) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("CUDA_MODULE_LOADING", "EAGER", 1);
     ASSERT_CU(cuInit(0));
     CUcontext ctx = nullptr;
@@ -667,7 +619,7 @@ TEST(ModuleApiLazy, EagerLoadingLoadsEveryFunctionAtOnce) {
 // function to be loaded: MAX_THREADS_PER_BLOCK, CONST_SIZE_BYTES, MAX_DYNAMIC_SHARED_SIZE_BYTES".
 // Other attributes may be queried on unloaded handles.
 TEST(ModuleApiLazy, AttributesThatNeedALoadedFunctionAreFunctionNotLoadedBeforeLoading) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     unsetenv("CUDA_MODULE_LOADING");
     ASSERT_CU(cuInit(0));
     CUcontext ctx = nullptr;
@@ -1047,7 +999,7 @@ struct MappedWithoutAccess {
 // the launch's stream fails with CUDA_ERROR_ILLEGAL_ADDRESS, which is sticky ("the context
 // cannot be used anymore": cuCtxSynchronize and later calls return it), and the process lives.
 TEST(ModuleApiFault, TwinTouchingMemoryWithoutAccessIsAStickyIllegalAddress) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     ASSERT_CU(cuInit(0));
     CUcontext ctx = nullptr;
     ASSERT_CU(cuDevicePrimaryCtxRetain(&ctx, 0));
@@ -1065,7 +1017,7 @@ TEST(ModuleApiFault, TwinTouchingMemoryWithoutAccessIsAStickyIllegalAddress) {
     // A launch is asynchronous: the fault shows at the launch or, at the latest, when the
     // stream is synchronised.
     EXPECT_TRUE(launch == CUDA_SUCCESS || launch == CUDA_ERROR_ILLEGAL_ADDRESS)
-        << ErrorName(launch);
+        << thaw::test::cu_error_name(launch);
     EXPECT_CU_ERR(CUDA_ERROR_ILLEGAL_ADDRESS, cuStreamSynchronize(s));
     EXPECT_CU_ERR(CUDA_ERROR_ILLEGAL_ADDRESS, cuCtxSynchronize());
     EXPECT_CU_ERR(CUDA_ERROR_ILLEGAL_ADDRESS, cuCtxSynchronize());
@@ -1074,7 +1026,8 @@ TEST(ModuleApiFault, TwinTouchingMemoryWithoutAccessIsAStickyIllegalAddress) {
     EXPECT_CU_ERR(CUDA_ERROR_ILLEGAL_ADDRESS,
                   cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, job.Params(), nullptr));
     job.Abandon();
-    // Still alive: the fault was the kernel's, not the process's (RunAndExit exits 0).
+    // Still alive: the fault was the kernel's, not the process's (thaw::test::run_and_exit exits
+    // 0).
   });
 }
 
@@ -1291,7 +1244,7 @@ TEST_F(ModuleApi, KernelOfAnUnloadedLibraryIsInvalidHandle) {
 // once a context is current ("loaded when a function is needed for that context, such as a
 // kernel launch").
 TEST(ModuleApiLibrary, LibraryLoadedBeforeAnyContextWorksOnceOneIsCurrent) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     ASSERT_CU(cuInit(0));
     CUcontext current = reinterpret_cast<CUcontext>(0x1);
     ASSERT_CU(cuCtxGetCurrent(&current));
@@ -1339,7 +1292,7 @@ long long AsInt(const nlohmann::json& v) {
 // geometry (grid_x..z, block_x..z, shared); a _ptsz launch is traced under the base name.
 TEST(ModuleApiTrace, LaunchLinesNameTheKernelAndItsGeometry) {
   if (!OnEmulator()) GTEST_SKIP() << "THAW_EMU_TRACE is the emulator's";
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     const std::string path =
         testing::TempDir() + "module_api_trace_" + std::to_string(getpid()) + ".jsonl";
     std::remove(path.c_str());

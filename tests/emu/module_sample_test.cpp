@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "emu_kernels_cubins.h"
+#include "emu_test_support.hpp"
 
 namespace {
 
@@ -36,22 +37,6 @@ bool OnEmulator() {
   return dlsym(RTLD_DEFAULT, "thawEmuGetDeviceStats") != nullptr;
 }
 
-const char* ErrorName(CUresult r) {
-  const char* s = nullptr;
-  return cuGetErrorName(r, &s) == CUDA_SUCCESS && s != nullptr ? s : "?";
-}
-
-#define ASSERT_CU(call)                                                    \
-  do {                                                                     \
-    CUresult r_ = (call);                                                  \
-    ASSERT_EQ(r_, CUDA_SUCCESS) << #call << " returned " << ErrorName(r_); \
-  } while (0)
-#define EXPECT_CU(call)                                                    \
-  do {                                                                     \
-    CUresult r_ = (call);                                                  \
-    EXPECT_EQ(r_, CUDA_SUCCESS) << #call << " returned " << ErrorName(r_); \
-  } while (0)
-
 // Device memory that frees itself.
 struct DeviceBuffer {
   CUdeviceptr ptr = 0;
@@ -63,22 +48,11 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
-std::vector<float> RandomFloats(std::size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
 // A context (the primary one, as the runtime uses) with samples.cu and chain.cu loaded.
 class ModuleSample : public testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_CU(cuInit(0));
-    ASSERT_CU(cuDeviceGet(&dev_, 0));
-    ASSERT_CU(cuDevicePrimaryCtxRetain(&ctx_, dev_));
-    ASSERT_CU(cuCtxSetCurrent(ctx_));
+    ASSERT_NO_FATAL_FAILURE(thaw::test::open_primary_context(&dev_, &ctx_));
     const ThawCubin samples = thaw_cubin_samples();
     const ThawCubin chain = thaw_cubin_chain();
     ASSERT_GT(samples.size, 0u);
@@ -101,7 +75,8 @@ class ModuleSample : public testing::Test {
   CUfunction Function(CUmodule mod, const char* name) {
     CUfunction f = nullptr;
     CUresult r = cuModuleGetFunction(&f, mod, name);
-    EXPECT_EQ(r, CUDA_SUCCESS) << "cuModuleGetFunction(" << name << "): " << ErrorName(r);
+    EXPECT_EQ(r, CUDA_SUCCESS) << "cuModuleGetFunction(" << name
+                               << "): " << thaw::test::cu_error_name(r);
     return f;
   }
 
@@ -115,7 +90,7 @@ class ModuleSample : public testing::Test {
 
 TEST_F(ModuleSample, VecAddOfAMillionAndThreeFloatsIsExact) {
   constexpr int n = (1 << 20) + 3;  // not a multiple of the block: the tail threads idle
-  const std::vector<float> a = RandomFloats(n, 1), b = RandomFloats(n, 2);
+  const std::vector<float> a = thaw::test::random_floats(n, 1), b = thaw::test::random_floats(n, 2);
   DeviceBuffer da(n * sizeof(float)), db(n * sizeof(float)), dc(n * sizeof(float));
   ASSERT_CU(cuMemcpyHtoD(da.ptr, a.data(), n * sizeof(float)));
   ASSERT_CU(cuMemcpyHtoD(db.ptr, b.data(), n * sizeof(float)));
@@ -146,7 +121,7 @@ TEST_F(ModuleSample, VecAddOfAMillionAndThreeFloatsIsExact) {
 // each kernel parameter's size and alignment/padding within the buffer." (cuLaunchKernel)
 TEST_F(ModuleSample, VecAddWithParametersInTheExtraBuffer) {
   constexpr int n = 10000;
-  const std::vector<float> a = RandomFloats(n, 3), b = RandomFloats(n, 4);
+  const std::vector<float> a = thaw::test::random_floats(n, 3), b = thaw::test::random_floats(n, 4);
   DeviceBuffer da(n * sizeof(float)), db(n * sizeof(float)), dc(n * sizeof(float));
   ASSERT_CU(cuMemcpyHtoD(da.ptr, a.data(), n * sizeof(float)));
   ASSERT_CU(cuMemcpyHtoD(db.ptr, b.data(), n * sizeof(float)));
@@ -198,8 +173,8 @@ TEST_P(TiledMatmul, MatchesTheCpuProduct) {
   const int n = GetParam();
   constexpr int kTile = 16;
   const std::size_t bytes = std::size_t(n) * n * sizeof(float);
-  const std::vector<float> a = RandomFloats(std::size_t(n) * n, 5),
-                           b = RandomFloats(std::size_t(n) * n, 6);
+  const std::vector<float> a = thaw::test::random_floats(std::size_t(n) * n, 5),
+                           b = thaw::test::random_floats(std::size_t(n) * n, 6);
   DeviceBuffer da(bytes), db(bytes), dc(bytes);
   ASSERT_CU(cuMemcpyHtoD(da.ptr, a.data(), bytes));
   ASSERT_CU(cuMemcpyHtoD(db.ptr, b.data(), bytes));
@@ -232,7 +207,7 @@ INSTANTIATE_TEST_SUITE_P(Sizes, TiledMatmul, testing::Values(128, 100));
 TEST_F(ModuleSample, ReductionOfAMillionFloatsMatchesTheCpuSum) {
   constexpr int n = 1 << 20;
   constexpr unsigned kBlock = 256;
-  const std::vector<float> x = RandomFloats(n, 7, 0.0f, 1.0f);
+  const std::vector<float> x = thaw::test::random_floats(n, 7, 0.0f, 1.0f);
   DeviceBuffer dx(n * sizeof(float)), dsum(sizeof(float));
   ASSERT_CU(cuMemcpyHtoD(dx.ptr, x.data(), n * sizeof(float)));
   ASSERT_CU(cuMemsetD32(dsum.ptr, 0, 1));
@@ -258,7 +233,7 @@ TEST_F(ModuleSample, ReductionOfAMillionFloatsMatchesTheCpuSum) {
 // buffer), then dst += x (kernelParams), on a stream.
 TEST_F(ModuleSample, ChainKernelsOnAStream) {
   constexpr int n = 4099;
-  const std::vector<float> x = RandomFloats(n, 8), d = RandomFloats(n, 9);
+  const std::vector<float> x = thaw::test::random_floats(n, 8), d = thaw::test::random_floats(n, 9);
   DeviceBuffer dx(n * sizeof(float)), dd(n * sizeof(float));
   CUstream s = nullptr;
   ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
@@ -309,9 +284,9 @@ TEST_F(ModuleSample, LaunchOfAKernelWithoutTwinFailsAndLeavesTheContextUsable) {
   const CUresult r = cuLaunchKernel(f, 1, 1, 1, 64, 1, 1, 0, nullptr, params, nullptr);
   const CUresult sync = cuCtxSynchronize();
   const std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_EQ(r, CUDA_ERROR_NOT_FOUND) << ErrorName(r);
+  EXPECT_EQ(r, CUDA_ERROR_NOT_FOUND) << thaw::test::cu_error_name(r);
   EXPECT_NE(err.find(kNoTwin), std::string::npos) << "stderr does not name the kernel: " << err;
-  EXPECT_EQ(sync, CUDA_SUCCESS) << ErrorName(sync);
+  EXPECT_EQ(sync, CUDA_SUCCESS) << thaw::test::cu_error_name(sync);
 
   // A kernel with a twin still runs in this context.
   DeviceBuffer dc(64 * sizeof(float));

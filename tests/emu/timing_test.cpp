@@ -16,7 +16,6 @@
 // it), so it gets its own configuration even when the whole suite runs as one process.
 #include <cuda.h>
 
-#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "emu_test_support.hpp"
 #include "thaw/emu_inspect.h"
 
 namespace {
@@ -49,15 +49,7 @@ double TransferMs(size_t bytes, double gbps) {
   return double(bytes) / (gbps * 1e9) * 1e3;
 }
 
-// Sanitizer and unoptimised builds move bytes several times slower (ASan checks every copied
-// range; the emulator is built -O0), up to ~1 GB/s here. There every configured bandwidth is
-// divided, and every configured latency multiplied, by this factor, so the model still dominates
-// the host's own time and the same relative tolerances hold.
-#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
-constexpr double kSlowBuild = 4;
-#else
-constexpr double kSlowBuild = 1;
-#endif
+using thaw::test::kSlowBuild;
 
 // The timing configuration of one scenario, as the emulator will read it; an empty value leaves
 // the emulator's default.
@@ -68,59 +60,22 @@ struct TimingEnv {
   std::optional<double> launch_latency_us;
 };
 
-void ApplyEnv(const TimingEnv& env) {
-  auto set = [](const char* name, std::optional<double> value) {
-    if (value) {
-      char text[64];
-      std::snprintf(text, sizeof(text), "%.17g", *value);
-      setenv(name, text, 1);
-    } else {
-      unsetenv(name);
-    }
-  };
-  setenv("THAW_EMU_TIMING", "1", 1);
-  set("THAW_EMU_PCIE_GBPS", env.pcie_gbps);
-  set("THAW_EMU_D2D_GBPS", env.d2d_gbps);
-  set("THAW_EMU_PAGE_LATENCY_US", env.page_latency_us);
-  set("THAW_EMU_LAUNCH_LATENCY_US", env.launch_latency_us);
-}
-
-// Runs `body` with gtest's failures intercepted; prints them (the death-test child's own failure
-// output is suppressed by gtest) and returns the process exit status: 0 if nothing failed.
-int RunAndReport(const TimingEnv& env, const std::function<void()>& body) {
-  ApplyEnv(env);
-  testing::TestPartResultArray results;
-  {
-    testing::ScopedFakeTestPartResultReporter reporter(
-        testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
-    body();
-  }
-  int failures = 0;
-  for (int i = 0; i < results.size(); ++i) {
-    const testing::TestPartResult& r = results.GetTestPartResult(i);
-    if (!r.failed()) continue;
-    ++failures;
-    std::printf("%s:%d: Failure\n%s\n", r.file_name() != nullptr ? r.file_name() : "?",
-                r.line_number(), r.message());
-  }
-  std::fflush(stdout);
-  return failures == 0 ? 0 : 1;
-}
-
 // Runs one scenario in a fresh process configured by `env` (see the file comment).
 void RunScenario(const TimingEnv& env, const std::function<void()>& body) {
-  EXPECT_EXIT(std::_Exit(RunAndReport(env, body)), testing::ExitedWithCode(0), "");
+  using thaw::test::env_number;
+  thaw::test::run_in_fresh_process(
+      {{"THAW_EMU_TIMING", "1"},
+       {"THAW_EMU_PCIE_GBPS", env_number(env.pcie_gbps)},
+       {"THAW_EMU_D2D_GBPS", env_number(env.d2d_gbps)},
+       {"THAW_EMU_PAGE_LATENCY_US", env_number(env.page_latency_us)},
+       {"THAW_EMU_LAUNCH_LATENCY_US", env_number(env.launch_latency_us)}},
+      body);
 }
 
 // cuInit and the primary context of device 0, current on this thread.
 class Driver {
  public:
-  Driver() {
-    EXPECT_EQ(cuInit(0), CUDA_SUCCESS);
-    EXPECT_EQ(cuDeviceGet(&dev_, 0), CUDA_SUCCESS);
-    EXPECT_EQ(cuDevicePrimaryCtxRetain(&ctx_, dev_), CUDA_SUCCESS);
-    EXPECT_EQ(cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
-  }
+  // The context's members (streams, memory, ...) are released by ~Driver before primary_ goes.
   ~Driver() {
     EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
     for (CUstream s : streams_) EXPECT_EQ(cuStreamDestroy(s), CUDA_SUCCESS);
@@ -128,8 +83,6 @@ class Driver {
     for (CUdeviceptr d : device_) EXPECT_EQ(cuMemFree(d), CUDA_SUCCESS);
     for (void* h : pinned_) EXPECT_EQ(cuMemFreeHost(h), CUDA_SUCCESS);
     for (void* h : pageable_) std::free(h);
-    EXPECT_EQ(cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
-    EXPECT_EQ(cuDevicePrimaryCtxRelease(dev_), CUDA_SUCCESS);
   }
 
   CUstream Stream() {
@@ -178,8 +131,7 @@ class Driver {
   }
 
  private:
-  CUdevice dev_ = 0;
-  CUcontext ctx_ = nullptr;
+  thaw::test::PrimaryContext primary_;  // first member: constructed first, destroyed last
   std::vector<CUstream> streams_;
   std::vector<CUevent> events_;
   std::vector<CUdeviceptr> device_;

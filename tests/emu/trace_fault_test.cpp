@@ -1,8 +1,8 @@
 // The emulator's call trace (THAW_EMU_TRACE) and fault injection (THAW_EMU_FAULTS).
 //
 // Both are configured from the environment at cuInit, so every test runs its body in a
-// fresh process (InFreshProcess) that sets the variables first: the suite passes under
-// ctest (one process per test) and when run as one process.
+// fresh process (thaw::test::run_in_fresh_process) that sets the variables first: the suite passes
+// under ctest (one process per test) and when run as one process.
 //
 // Trace format (emulator design): one JSON object per line,
 //   {"t_ns":..., "pid":..., "tid":..., "call":"cuMemMap", "args":{...},
@@ -14,7 +14,6 @@
 // cuMemCreate of the process, and every cuMemMap from the 2nd on.
 #include <cuda.h>
 #include <cudaTypedefs.h>
-#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "emu_test_support.hpp"
 #include "thaw/emu_inspect.h"
 
 namespace {
@@ -38,33 +38,6 @@ namespace {
 using nlohmann::json;
 
 constexpr size_t kMiB = size_t{1} << 20;
-
-// Runs `body` in a fresh process: with the "threadsafe" death-test style gtest re-executes
-// this test binary and runs only this statement there. The driver in that process is
-// uninitialised and reads the environment that `body` sets before its cuInit. Failures in
-// the child are collected and printed on its stderr, which gtest shows in the parent.
-[[noreturn]] void RunAndExit(const std::function<void()>& body) {
-  testing::TestPartResultArray results;
-  {
-    testing::ScopedFakeTestPartResultReporter reporter(
-        testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
-    body();
-  }
-  int failures = 0;
-  for (int i = 0; i < results.size(); ++i) {
-    const testing::TestPartResult& r = results.GetTestPartResult(i);
-    if (!r.failed()) continue;
-    ++failures;
-    std::fprintf(stderr, "%s:%d: Failure\n%s\n", r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.message());
-  }
-  std::fflush(nullptr);
-  std::_Exit(failures == 0 ? 0 : 1);
-}
-
-void InFreshProcess(const std::function<void()>& body) {
-  EXPECT_EXIT(RunAndExit(body), testing::ExitedWithCode(0), "");
-}
 
 // A fresh, empty file for THAW_EMU_TRACE; removed when the test body ends.
 class TraceFile {
@@ -164,7 +137,7 @@ void InitWithContext(CUcontext* ctx) {
 // ---------------------------------------------------------------------------------------
 
 TEST(Trace, WritesOneParseableLinePerCall) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     TraceFile trace;
     unsetenv("THAW_EMU_FAULTS");
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
@@ -212,7 +185,7 @@ TEST(Trace, WritesOneParseableLinePerCall) {
 // Arguments that matter for memory calls are recorded, outputs under "out": enough to
 // replay or check an allocation sequence from the trace.
 TEST(Trace, RecordsTheArgumentsOfMemoryCalls) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     TraceFile trace;
     CUcontext ctx = nullptr;
     InitWithContext(&ctx);
@@ -266,7 +239,7 @@ TEST(Trace, RecordsTheArgumentsOfMemoryCalls) {
 
 // Per-thread-default-stream variants are the same call under the same base name.
 TEST(Trace, PerThreadVariantsAreTracedUnderTheBaseName) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     TraceFile trace;
     CUcontext ctx = nullptr;
     InitWithContext(&ctx);
@@ -291,7 +264,7 @@ TEST(Trace, PerThreadVariantsAreTracedUnderTheBaseName) {
 
 // t_ns is CLOCK_MONOTONIC (steady) time, non-decreasing along one thread's calls.
 TEST(Trace, TimesAreMonotonicClockNanoseconds) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     TraceFile trace;
     const uint64_t before = MonotonicNs();
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
@@ -316,7 +289,7 @@ TEST(Trace, TimesAreMonotonicClockNanoseconds) {
 // Each line names the thread that made the call (its kernel tid), and lines written by
 // concurrent threads never interleave.
 TEST(Trace, LinesCarryTheCallingThreadAndNeverInterleave) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     TraceFile trace;
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     constexpr int kThreads = 4, kCalls = 200;
@@ -344,7 +317,7 @@ TEST(Trace, LinesCarryTheCallingThreadAndNeverInterleave) {
 }
 
 TEST(Trace, IsOffWithoutTheVariable) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     unsetenv("THAW_EMU_TRACE");
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     int count = 0;
@@ -360,7 +333,7 @@ TEST(Trace, IsOffWithoutTheVariable) {
 // ":N" fails only the Nth call, and an injected failure changes nothing: no physical
 // allocation, handle or byte appears.
 TEST(Faults, NthCallFailsOnlyThatCallAndLeavesNoState) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_FAULTS", "cuMemCreate:3=CUDA_ERROR_OUT_OF_MEMORY", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);  // VMM calls need no context
     const auto prop = DeviceMemory();
@@ -392,7 +365,7 @@ TEST(Faults, NthCallFailsOnlyThatCallAndLeavesNoState) {
 
 // ":N+" fails the Nth call and every later one.
 TEST(Faults, NthAndLaterCallsFail) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_FAULTS", "cuMemAlloc:2+=CUDA_ERROR_UNKNOWN", 1);
     CUcontext ctx = nullptr;
     InitWithContext(&ctx);
@@ -415,7 +388,7 @@ TEST(Faults, NthAndLaterCallsFail) {
 
 // The error is a CUresult name or its decimal value; several rules are comma-separated.
 TEST(Faults, NumericCodesAndSeveralRules) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_FAULTS", "cuMemAlloc:1=2,cuMemCreate:2=999,cuMemAllocHost:1=201", 1);
     CUcontext ctx = nullptr;
     InitWithContext(&ctx);
@@ -438,7 +411,7 @@ TEST(Faults, NumericCodesAndSeveralRules) {
 // Calls are counted per base name, whatever entry point reached them (the macro's _v2,
 // a pointer from cuGetProcAddress, a per-thread variant); other functions do not count.
 TEST(Faults, CallsAreCountedPerBaseNameAcrossEntryPoints) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_FAULTS",
            "cuMemAlloc:2=CUDA_ERROR_OUT_OF_MEMORY,cuStreamSynchronize:2=CUDA_ERROR_LAUNCH_FAILED",
            1);
@@ -472,7 +445,7 @@ TEST(Faults, CallsAreCountedPerBaseNameAcrossEntryPoints) {
 // A failed cuMemMap maps nothing: the same range can be mapped by the next call (a real
 // mapping would make it CUDA_ERROR_INVALID_VALUE / already mapped) and no mapping counts.
 TEST(Faults, InjectedMapFailureMapsNothing) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_FAULTS", "cuMemMap:1=CUDA_ERROR_OUT_OF_MEMORY", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     const auto prop = DeviceMemory();
@@ -496,7 +469,7 @@ TEST(Faults, InjectedMapFailureMapsNothing) {
 
 // A failed cuMemAddressReserve reserves nothing.
 TEST(Faults, InjectedReserveFailureReservesNothing) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_FAULTS", "cuMemAddressReserve:1=CUDA_ERROR_OUT_OF_MEMORY", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     const auto before = ProcessStats();
@@ -510,7 +483,7 @@ TEST(Faults, InjectedReserveFailureReservesNothing) {
 
 // The trace shows what the caller saw, injected failures included.
 TEST(Faults, InjectedFailuresAppearInTheTrace) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     TraceFile trace;
     setenv("THAW_EMU_FAULTS", "cuMemCreate:2=CUDA_ERROR_OUT_OF_MEMORY", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
@@ -568,7 +541,7 @@ TEST(Faults, SpecNamingNoDriverFunctionIsRejected) {
 }
 
 TEST(Faults, AWellFormedSpecInitialisesNormally) {
-  InFreshProcess([] {
+  thaw::test::run_in_fresh_process({}, [] {
     setenv("THAW_EMU_FAULTS", "cuMemCreate:3=CUDA_ERROR_OUT_OF_MEMORY,cuMemMap:2+=999", 1);
     ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
     int count = 0;
