@@ -7,6 +7,7 @@
 
 #include "api_common.hpp"
 #include "graph.hpp"
+#include "host_mapping.hpp"
 
 using namespace emu;
 
@@ -58,11 +59,29 @@ CUresult submit(NodeSpec spec, CUstream hstream, bool per_thread, HostWait wait,
   return CUDA_SUCCESS;
 }
 
+// Tracing only: which mapping the host side of a copy lies in ("src_map"/"dst_map": file, private
+// or shared, file offset), so a trace shows where an engine's weights are copied from.
+void trace_host_mapping(const Transfer& t, Call& c) {
+  if (t.src_side == Side::kHost) {
+    if (auto m = find_host_mapping(t.src)) {
+      c.arg("src_map", m->path.empty() ? "[anonymous]" : m->path.c_str());
+      c.arg("src_map_shared", m->shared).arg("src_map_offset", m->offset);
+    }
+  }
+  if (t.dst_side == Side::kHost) {
+    if (auto m = find_host_mapping(t.dst)) {
+      c.arg("dst_map", m->path.empty() ? "[anonymous]" : m->path.c_str());
+      c.arg("dst_map_shared", m->shared).arg("dst_map_offset", m->offset);
+    }
+  }
+}
+
 CUresult copy(const char* name, Transfer t, CUstream hstream, bool per_thread, bool async,
               Call& c) {
   (void)name;
   c.ptr("dst", t.dst).ptr("src", t.src).arg("bytes", t.bytes).arg("async", async);
   if (per_thread) c.arg("ptds", true);
+  if (trace().on()) trace_host_mapping(t, c);
   EMU_REQUIRE_INIT();
   if ((t.dst_side == Side::kHost && t.dst == 0) || (t.src_side == Side::kHost && t.src == 0)) {
     return CUDA_ERROR_INVALID_VALUE;

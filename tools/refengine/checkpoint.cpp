@@ -71,6 +71,20 @@ std::expected<Checkpoint, std::string> Checkpoint::open(const std::filesystem::p
     if (!v) return std::unexpected(v.error());
     g.n_inner = *v;
   }
+  // What the engine's kernels compute; anything else would give wrong answers silently.
+  if (auto it = cfg->find("activation_function");
+      it != cfg->end() && !(it->is_string() && (*it == "gelu_new" || *it == "gelu_pytorch_tanh")))
+    return std::unexpected(
+        fmt::format("{}: activation_function {} is not supported (gelu_new or gelu_pytorch_tanh)",
+                    label, it->dump()));
+  for (const char* flag : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"})
+    if (auto it = cfg->find(flag); it != cfg->end() && it->is_boolean() && it->get<bool>())
+      return std::unexpected(fmt::format("{}: '{}': true is not supported", label, flag));
+  if (auto it = cfg->find("scale_attn_weights");
+      it != cfg->end() && it->is_boolean() && !it->get<bool>())
+    return std::unexpected(fmt::format("{}: 'scale_attn_weights': false is not supported", label));
+  if (auto it = cfg->find("eos_token_id"); it != cfg->end() && it->is_number_integer())
+    g.eos_token_id = it->get<std::int64_t>();
   if (auto it = cfg->find("layer_norm_epsilon"); it != cfg->end()) {
     if (!it->is_number() || it->get<double>() <= 0)
       return std::unexpected(

@@ -31,9 +31,10 @@ struct GPT2Config {
   std::int64_t vocab_size = 0;
   std::int64_t n_inner = 0;  // 4 * n_embd when config.json has null or nothing
   double layer_norm_epsilon = 1e-5;
-  std::string torch_dtype;   // "float32", "float16", "bfloat16" (empty if absent)
-  DType dtype = DType::F32;  // torch_dtype as a safetensors dtype
-  bool has_dtype = false;    // torch_dtype was given: every tensor must have that dtype
+  std::int64_t eos_token_id = 50256;  // GPT-2's <|endoftext|>
+  std::string torch_dtype;            // "float32", "float16", "bfloat16" (empty if absent)
+  DType dtype = DType::F32;           // torch_dtype as a safetensors dtype
+  bool has_dtype = false;             // torch_dtype was given: every tensor must have that dtype
 };
 
 struct ExpectedTensor {

@@ -8,6 +8,7 @@
 // loop per phase between two barriers. __shared__ arrays and per-thread values that live
 // across a barrier are fixed-size arrays (never std::vector): the emulator leaves a twin that
 // faults by longjmp, which must not skip destructors.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -97,43 +98,57 @@ void layernorm(const float* x, const typename D::T* w, const typename D::T* b, f
   });
 }
 
+// The kernel's arithmetic per output element Y[row][col]: acc = 0, then one fmaf per k over
+// k = 0 .. ceil(K / kTile) * kTile - 1, in order (tile by tile, k within the tile), with x and w
+// zero beyond K (the shared tiles' padding: fma(0, 0, acc) turns a -0 acc into +0, which is
+// why the padding steps are kept), then + bias. Each output's fma chain is independent of the
+// others', so the twin computes the block's 16 x 16 outputs row by row with the 16 column
+// chains side by side (vectorisable, same rounding) instead of walking the block's threads:
+// the same bits as the thread-by-thread form, orders of magnitude faster on the host.
+template <class D, bool TRANSPOSED>
+void matmul_rows(const float* X, const typename D::T* W, const typename D::T* bias, float* Y, int M,
+                 int N, int K, int row0, int col0) {
+  const int cols = std::min(kTile, N - col0);
+  const int padded_k = (K + kTile - 1) / kTile * kTile;
+  for (int row = row0; row < std::min(row0 + kTile, M); ++row) {
+    const float* x = X + long(row) * K;
+    float acc[kTile] = {};
+    if (TRANSPOSED) {
+      // W is [N, K]: column c's weights are contiguous.
+      for (int c = 0; c < cols; ++c) {
+        const typename D::T* w = W + long(col0 + c) * K;
+        float a = 0.0f;
+        for (int k = 0; k < K; ++k) a = std::fma(x[k], D::load(w, k), a);
+        acc[c] = a;
+      }
+    } else if (cols == kTile) {  // a full strip: the 16 chains in lock step (vectorises)
+      for (int k = 0; k < K; ++k) {
+        const float xk = x[k];
+        const typename D::T* w = W + long(k) * N + col0;
+        for (int c = 0; c < kTile; ++c) acc[c] = std::fma(xk, D::load(w, c), acc[c]);
+      }
+    } else {
+      for (int k = 0; k < K; ++k) {
+        const float xk = x[k];
+        const typename D::T* w = W + long(k) * N + col0;
+        for (int c = 0; c < cols; ++c) acc[c] = std::fma(xk, D::load(w, c), acc[c]);
+      }
+    }
+    for (int k = K; k < padded_k; ++k)
+      for (int c = 0; c < cols; ++c) acc[c] = std::fma(0.0f, 0.0f, acc[c]);
+    for (int c = 0; c < cols; ++c)
+      Y[long(row) * N + col0 + c] = bias != nullptr ? acc[c] + D::load(bias, col0 + c) : acc[c];
+  }
+}
+
 template <class D, bool TRANSPOSED>
 void matmul(const float* X, const typename D::T* W, const typename D::T* bias, float* Y, int M,
             int N, int K) {
   // The kernel requires blockDim == (kTile, kTile, 1).
   if (blockDim.x != kTile || blockDim.y != kTile || blockDim.z != 1) return;
-  float xs[kTile][kTile];  // __shared__
-  float ws[kTile][kTile];  // __shared__
-  float acc[kTile * kTile] = {};
-  const auto thread = [] { return threadIdx.y * kTile + threadIdx.x; };
-  for (int t = 0; t < (K + kTile - 1) / kTile; ++t) {
-    for_each_thread([&] {
-      const int tx = threadIdx.x, ty = threadIdx.y;
-      const int row = blockIdx.y * kTile + ty;
-      const int col = blockIdx.x * kTile + tx;
-      const int xk = t * kTile + tx;
-      const int wk = t * kTile + ty;
-      xs[ty][tx] = (row < M && xk < K) ? X[long(row) * K + xk] : 0.0f;
-      if (TRANSPOSED) {
-        const int wrow = blockIdx.x * kTile + ty;
-        ws[tx][ty] = (wrow < N && xk < K) ? D::load(W, long(wrow) * K + xk) : 0.0f;
-      } else {
-        ws[ty][tx] = (wk < K && col < N) ? D::load(W, long(wk) * N + col) : 0.0f;
-      }
-    });
-    // __syncthreads()
-    for_each_thread([&] {
-      const int tx = threadIdx.x, ty = threadIdx.y;
-      for (int k = 0; k < kTile; ++k) acc[thread()] = std::fma(xs[ty][k], ws[k][tx], acc[thread()]);
-    });
-    // __syncthreads()
-  }
-  for_each_thread([&] {
-    const int row = blockIdx.y * kTile + threadIdx.y;
-    const int col = blockIdx.x * kTile + threadIdx.x;
-    if (row < M && col < N)
-      Y[long(row) * N + col] = bias != nullptr ? acc[thread()] + D::load(bias, col) : acc[thread()];
-  });
+  const int row0 = int(blockIdx.y) * kTile, col0 = int(blockIdx.x) * kTile;
+  if (row0 >= M || col0 >= N) return;
+  matmul_rows<D, TRANSPOSED>(X, W, bias, Y, M, N, K, row0, col0);
 }
 
 }  // namespace

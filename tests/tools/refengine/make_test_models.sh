@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Writes the synthetic models the reference engine's suites run on, once per build tree:
+#   gpt2-small-f32    124 M parameters, fp32, 3 shards (the sharded loader, the trace test)
+#   gpt2-medium-bf16  355 M parameters, bf16, 3 shards
+# thaw-genmodel is deterministic, so an existing model with a matching stamp is reused.
+set -euo pipefail
+genmodel=$1
+out=$2
+mkdir -p "$out"
+make_model() {
+  local name=$1; shift
+  local stamp="$*"
+  if [[ -f "$out/$name/.stamp" && "$(cat "$out/$name/.stamp")" == "$stamp" ]]; then
+    echo "$name: up to date"
+    return
+  fi
+  rm -rf "$out/$name"
+  "$genmodel" "$@" --out "$out/$name" --quiet
+  echo "$stamp" > "$out/$name/.stamp"
+  echo "$name: written"
+}
+make_model gpt2-small-f32 --size small --dtype f32 --shard-size 200MB
+make_model gpt2-medium-bf16 --size medium --dtype bf16 --shard-size 300MB

@@ -1,0 +1,81 @@
+// Continuous batching on stage 0, in the manner of vLLM's scheduler (simplified): waiting
+// requests are admitted in arrival order when their whole KV need (prompt + max_tokens) fits
+// the free blocks, prefilled together in one step, then decoded together one token per step,
+// each decode step replaying the smallest captured CUDA graph that holds the batch. Requests
+// may be submitted from any thread while run() or run_until_idle() drives the engine.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+
+namespace refengine {
+
+struct Request {
+  std::vector<std::int32_t> prompt;
+  int max_tokens = 16;
+  bool ignore_eos = false;
+  bool want_logits = false;    // keep the logits of every generated token
+  bool all_positions = false;  // ... and of every prompt position (needs --all-positions)
+};
+
+struct Completion {
+  std::vector<std::int32_t> tokens;  // generated tokens
+  std::string finish_reason;         // "length", "stop" or "error"
+  std::string error;
+  // When want_logits: one row per scored position (prompt positions first if all_positions).
+  std::vector<std::vector<float>> logits;
+  double time_to_first_token_ms = 0;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(Engine& engine);
+
+  std::future<Completion> submit(Request request);
+  // Runs steps until nothing is waiting or running.
+  void run_until_idle();
+  // Runs steps until stop() (for serve), on the calling thread. If a step fails, every
+  // pending request completes with the error, later ones are refused, and run() rethrows.
+  void run();
+  void stop();
+
+  std::uint64_t steps() const { return steps_; }
+
+ private:
+  struct Sequence {
+    Request request;
+    std::promise<Completion> promise;
+    Completion completion;
+    std::vector<std::int32_t> tokens;  // prompt + generated
+    std::vector<int> blocks;
+    std::uint64_t submitted_ns = 0;
+  };
+
+  bool step_once();  // false when idle
+  void finish(std::unique_ptr<Sequence>& s, std::string reason, std::string error = {});
+  int slot_of(const Sequence& s, int position) const;
+  void fill_block_table(StepBatch& b, int row, const Sequence& s) const;
+
+  Engine& engine_;
+  int eos_ = -1;
+  int free_blocks_ = 0;
+  std::vector<int> free_list_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  bool stop_ = false;
+  std::string failed_;  // set when a step threw: the engine is unusable
+  bool first_token_marked_ = false;
+  std::uint64_t steps_ = 0;
+};
+
+}  // namespace refengine

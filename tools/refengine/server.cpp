@@ -1,0 +1,144 @@
+#include "server.hpp"
+
+#include <httplib.h>
+#include <signal.h>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+namespace refengine {
+namespace {
+
+httplib::Server* g_server = nullptr;  // for the signal handler only
+void on_signal(int) {
+  if (g_server != nullptr) g_server->stop();
+}
+
+nlohmann::json error_body(const std::string& message, const std::string& type) {
+  return {{"error", {{"message", message}, {"type", type}}}};
+}
+
+}  // namespace
+
+int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& tokenizer,
+          const ServeOptions& options) {
+  httplib::Server server;
+  const std::string model = options.model_name;
+  std::atomic<std::uint64_t> next_id{1};
+
+  server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+  });
+  server.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
+    nlohmann::json body{
+        {"object", "list"},
+        {"data", {{{"id", model}, {"object", "model"}, {"owned_by", "refengine"}}}}};
+    res.set_content(body.dump(), "application/json");
+  });
+  server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    auto fail = [&](int status, const std::string& message) {
+      res.status = status;
+      res.set_content(error_body(message, "invalid_request_error").dump(), "application/json");
+    };
+    nlohmann::json body;
+    try {
+      body = nlohmann::json::parse(req.body);
+    } catch (const std::exception& e) {
+      return fail(400, fmt::format("request body is not JSON: {}", e.what()));
+    }
+    if (!body.is_object() || !body.contains("prompt"))
+      return fail(400, "the request needs a \"prompt\"");
+    if (body.contains("temperature") &&
+        !(body["temperature"].is_number() && body["temperature"].get<double>() == 0.0))
+      return fail(400, "only greedy decoding is supported: temperature must be 0");
+    const int max_tokens = body.value("max_tokens", 16);
+    const bool ignore_eos = body.value("ignore_eos", false);
+    // Normalise the prompt forms to a list of token lists.
+    std::vector<std::vector<std::int32_t>> prompts;
+    auto add = [&](const nlohmann::json& p) -> bool {
+      if (p.is_string()) {
+        if (!tokenizer) return false;
+        prompts.push_back(tokenizer->encode(p.get<std::string>()));
+        return true;
+      }
+      if (p.is_array() &&
+          std::all_of(p.begin(), p.end(), [](const auto& v) { return v.is_number_integer(); })) {
+        prompts.push_back(p.get<std::vector<std::int32_t>>());
+        return true;
+      }
+      return false;
+    };
+    const auto& p = body["prompt"];
+    bool ok;
+    if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
+      ok = std::all_of(p.begin(), p.end(), [&](const auto& e) { return add(e); });
+    } else {
+      ok = add(p);
+    }
+    if (!ok)
+      return fail(400, tokenizer ? "\"prompt\" must be a string, a list of token ids, or a list of "
+                                   "those"
+                                 : "\"prompt\" must be token ids: the model directory has no "
+                                   "tokenizer (vocab.json + merges.txt)");
+    std::vector<std::future<Completion>> futures;
+    for (auto& ids : prompts)
+      futures.push_back(scheduler.submit(Request{ids, max_tokens, ignore_eos, false, false}));
+    nlohmann::json choices = nlohmann::json::array();
+    std::size_t prompt_tokens = 0, completion_tokens = 0;
+    for (std::size_t i = 0; i < futures.size(); ++i) {
+      Completion c = futures[i].get();
+      if (c.finish_reason == "error")
+        return fail(c.error.starts_with("the engine failed") ? 500 : 400, c.error);
+      prompt_tokens += prompts[i].size();
+      completion_tokens += c.tokens.size();
+      nlohmann::json choice{{"index", i},
+                            {"token_ids", c.tokens},
+                            {"finish_reason", c.finish_reason},
+                            {"logprobs", nullptr}};
+      choice["text"] = tokenizer ? tokenizer->decode(c.tokens) : "";
+      choices.push_back(choice);
+    }
+    nlohmann::json out{{"id", fmt::format("cmpl-{}", next_id++)},
+                       {"object", "text_completion"},
+                       {"created", std::chrono::duration_cast<std::chrono::seconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count()},
+                       {"model", model},
+                       {"choices", choices},
+                       {"usage",
+                        {{"prompt_tokens", prompt_tokens},
+                         {"completion_tokens", completion_tokens},
+                         {"total_tokens", prompt_tokens + completion_tokens}}}};
+    res.set_content(out.dump(), "application/json");
+  });
+
+  if (!server.bind_to_port(options.host, options.port)) {
+    fmt::print(stderr, "refengine: cannot listen on {}:{}\n", options.host, options.port);
+    return 1;
+  }
+  std::thread engine_loop([&] {
+    try {
+      scheduler.run();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "refengine: engine failed: {}\n", e.what());
+      server.stop();
+    }
+  });
+  g_server = &server;
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+  engine.timeline().mark("serving", {{"host", options.host}, {"port", options.port}});
+  fmt::print(stderr, "refengine: serving {} on http://{}:{}\n", model, options.host, options.port);
+  server.listen_after_bind();
+  g_server = nullptr;
+  scheduler.stop();
+  engine_loop.join();
+  return 0;
+}
+
+}  // namespace refengine

@@ -1,0 +1,27 @@
+// `refengine serve`: a minimal OpenAI-style HTTP API over the scheduler.
+//   POST /v1/completions {"prompt": "text" | [ids] | ["text", ...] | [[ids], ...],
+//                         "max_tokens": 16, "temperature": 0, "ignore_eos": false}
+//   GET  /health, GET /v1/models
+// Decoding is greedy only (a temperature other than 0 is rejected). Concurrent requests are
+// batched continuously by the scheduler.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "scheduler.hpp"
+#include "tokenizer.hpp"
+
+namespace refengine {
+
+struct ServeOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string model_name;
+};
+
+// Serves until SIGINT/SIGTERM. Returns the process exit code.
+int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& tokenizer,
+          const ServeOptions& options);
+
+}  // namespace refengine
