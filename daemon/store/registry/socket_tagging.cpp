@@ -1,0 +1,34 @@
+#include "daemon/store/registry/socket_tagging.hpp"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace thaw::store {
+
+std::expected<void, std::string> apply_socket_tags(int fd, const SocketTags& tags) {
+  if (tags.so_mark) {
+    unsigned int mark = *tags.so_mark;
+    if (setsockopt(fd, SOL_SOCKET, SO_MARK, &mark, sizeof mark) != 0) {
+      int err = errno;
+      return std::unexpected(fmt::format("setsockopt(SO_MARK={:#x}): {}{}", mark,
+                                         std::strerror(err),
+                                         err == EPERM ? " (needs CAP_NET_ADMIN)" : ""));
+    }
+  }
+  if (tags.so_priority) {
+    int priority = *tags.so_priority;
+    if (setsockopt(fd, SOL_SOCKET, SO_PRIORITY, &priority, sizeof priority) != 0) {
+      int err = errno;
+      return std::unexpected(fmt::format("setsockopt(SO_PRIORITY={}): {}{}", priority,
+                                         std::strerror(err),
+                                         err == EPERM ? " (above 6 needs CAP_NET_ADMIN)" : ""));
+    }
+  }
+  return {};
+}
+
+}  // namespace thaw::store
