@@ -1,5 +1,6 @@
 // The reference engine's start-up as the driver sees it (issue 4 acceptance): the emulator's
-// call trace (THAW_EMU_TRACE) of a run on a sharded synthetic gpt2-small shows the vLLM +
+// call trace (THAW_EMU_TRACE) of a run on a sharded synthetic gpt2-small (a smaller sharded
+// model under the sanitizers) shows the vLLM +
 // PyTorch sequence that thaw's shim will meet on real engines:
 //  - the driver reached through cuGetProcAddress_v2 at CUDA 12.8 with per-thread default
 //    streams, every entry point resolved before its first use;
@@ -62,7 +63,26 @@ class EngineTrace : public ::testing::Test {
     fs::remove(trace);
     return t;
   }
-  fs::path model_ = fs::path(REFENGINE_TEST_MODELS) / "gpt2-small-f32";
+  // The first model of the determinism list: gpt2-small-f32 (3 shards), or the sanitizer
+  // build's small stand-in.
+  fs::path model_ = fs::path(REFENGINE_TEST_MODELS) /
+                    std::string(REFENGINE_DETERMINISM_MODELS)
+                        .substr(0, std::string(REFENGINE_DETERMINISM_MODELS).find(','));
+
+  // What the model's shards hold: tensor count (GPT-2: wte, wpe, 12 per layer, ln_f x 2) and
+  // the bytes of their data sections.
+  int expected_tensors() const {
+    const auto cfg = nlohmann::json::parse(read_file(model_ / "config.json"));
+    return 4 + 12 * cfg["n_layer"].get<int>();
+  }
+  std::map<std::string, std::uint64_t> shard_data_bytes() const {
+    std::map<std::string, std::uint64_t> out;
+    for (const auto& e : fs::directory_iterator(model_))
+      if (e.path().extension() == ".safetensors")
+        out[fs::canonical(e.path()).string()] =
+            fs::file_size(e.path()) - safetensors_data_start(e.path());
+    return out;
+  }
 };
 
 std::size_t first_index(const std::vector<nlohmann::json>& t, const std::string& call) {
@@ -114,12 +134,10 @@ TEST_F(EngineTrace, WeightsAreCopiedPerTensorFromPrivateMappingsOfTheCheckpointF
     EXPECT_LE(off + n, fs::file_size(file)) << e.dump();
     bytes_per_file[file] += n;
   }
-  // gpt2-small: wte, wpe, 12 x 12 layer tensors, ln_f (2) = 148 tensors, in 3 shards.
-  EXPECT_EQ(copies, 148);
-  EXPECT_EQ(bytes_per_file.size(), 3u);
-  std::uint64_t total = 0;
-  for (auto& [f, b] : bytes_per_file) total += b;
-  EXPECT_EQ(total, 124439808ull * 4) << "every parameter copied exactly once";
+  // Every tensor copied once: per shard, the copies add up to its whole data section.
+  EXPECT_EQ(copies, expected_tensors());
+  EXPECT_GE(bytes_per_file.size(), 2u) << "a sharded model";
+  EXPECT_EQ(bytes_per_file, shard_data_bytes());
 }
 
 TEST_F(EngineTrace, KvSizingFollowsTheWeightsAndGraphsAreCapturedGloballyLargestFirst) {
@@ -145,7 +163,8 @@ TEST_F(EngineTrace, KvSizingFollowsTheWeightsAndGraphsAreCapturedGloballyLargest
     std::size_t j = i + 1;
     int batch = -1;
     for (; j < t.size() && t[j]["call"] != "cuStreamEndCapture"; ++j)
-      if (t[j]["call"] == "cuLaunchKernel" && t[j]["args"]["kernel"] == "embedding_f32")
+      if (t[j]["call"] == "cuLaunchKernel" &&
+          t[j]["args"]["kernel"].get<std::string>().starts_with("embedding_"))
         batch = t[j]["args"]["grid_y"];
     ASSERT_LT(j, t.size());
     sizes.push_back(batch);
@@ -175,7 +194,7 @@ TEST_F(EngineTrace, TheLinkedBuildCallsTheDriverDirectly) {
     }
   }
   EXPECT_EQ(lookups, 0) << "entry points resolved by the dynamic linker, not cuGetProcAddress";
-  EXPECT_EQ(copies, 148);
+  EXPECT_EQ(copies, expected_tensors());
   EXPECT_EQ(first_index(t, "cuStreamBeginCapture"), t.size()) << "--enforce-eager";
 }
 
