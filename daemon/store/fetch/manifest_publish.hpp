@@ -1,0 +1,39 @@
+// Publishing a model to a registry: writing its thaw-manifest.json (registry/manifest.hpp
+// has the format) — every file with its size, sha256 (what Hugging Face calls the LFS
+// oid) and one sha256 per chunk, so a fetch can verify each chunk as it lands and a
+// consumer never sees a byte that failed verification.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "daemon/store/fetch/model_fetch.hpp"
+#include "daemon/store/registry/manifest.hpp"
+
+namespace thaw::store {
+
+struct PublishOptions {
+  std::uint64_t chunk_size = kDefaultChunkBytes;  // > 0
+  // Told after each file is hashed (path relative to the directory, its size).
+  std::function<void(const std::string& path, std::uint64_t size)> on_file;
+};
+
+struct PublishError {
+  std::string message;  // names the directory or file and what to do
+};
+
+// The manifest of every regular file under `dir` (symlinks followed, as in a Hugging Face
+// snapshot), sorted by path; hidden directories (.git, .cache) and the manifest itself
+// are left out. Reads every byte once.
+std::expected<Manifest, PublishError> make_manifest(const std::filesystem::path& dir,
+                                                    const PublishOptions& options = {});
+
+// make_manifest, then writes it to dir/thaw-manifest.json atomically (a temporary file
+// renamed over it). Returns the manifest written.
+std::expected<Manifest, PublishError> publish_manifest(const std::filesystem::path& dir,
+                                                       const PublishOptions& options = {});
+
+}  // namespace thaw::store
