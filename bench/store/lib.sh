@@ -1,0 +1,325 @@
+# Shared pieces of the model-store fetch benchmarks (issue 5). Sourced, not run.
+# shellcheck disable=SC2034  # variables set here are used by the sourcing scripts
+#
+# Everything a benchmark creates (temp dirs, tmpfs caches, nginx, network namespaces,
+# veth pairs) is registered with `defer` the moment it exists, and one trap undoes it in
+# reverse order on exit, error, Ctrl-C or SIGTERM — so a failed or interrupted run leaves
+# no namespace, link or server behind.
+set -Eeuo pipefail
+shopt -s inherit_errexit
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd "$BENCH_DIR/../.." && pwd)
+BENCH_STATE="$REPO_ROOT/build/bench-store"  # generated model + registry root, kept across runs
+MODEL_NAME=bench-2g
+STATS="/usr/bin/python3 $BENCH_DIR/stats.py"
+
+# The synthetic model: 32 layers, n_embd 1152, vocab 9000, f32, 2.09 GB in 5 shards. The
+# vocabulary is chosen so the token embedding is as large relative to one layer as in
+# Llama-2-7B (V / (L*d) ~ 0.24); see bench/store/README.md.
+GENMODEL_ARGS=(--size custom --layers 32 --embd 1152 --heads 18 --vocab 9000 --shard-size 500MB)
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---------------------------------------------------------------------------- cleanup
+_DEFERRED=()
+defer() { _DEFERRED+=("$*"); }
+_run_deferred() {
+  local rc=$?
+  trap - EXIT INT TERM ERR
+  local i
+  for ((i = ${#_DEFERRED[@]} - 1; i >= 0; i--)); do
+    eval "${_DEFERRED[i]}" >/dev/null 2>&1 || true
+  done
+  _DEFERRED=()
+  return $rc
+}
+trap '_run_deferred' EXIT
+trap 'log "interrupted"; exit 130' INT
+trap 'log "terminated"; exit 143' TERM
+
+WORK=$(mktemp -d /tmp/thaw-bench.XXXXXX)
+defer "rm -rf '$WORK'"
+
+# CACHE_ROOT: a fresh tmpfs directory for fetched bytes (page-cache backed, like thawd's
+# cache). Not a command substitution: `defer` must run in this shell.
+make_cache_root() {
+  CACHE_ROOT=$(mktemp -d /dev/shm/thaw-bench-cache.XXXXXX)
+  defer "rm -rf '$CACHE_ROOT'"
+}
+
+# --------------------------------------------------------------------------- binaries
+# thaw-fetch: $THAW_FETCH, else the release build, else the default build.
+find_thaw_fetch() {
+  if [[ -n ${THAW_FETCH:-} ]]; then
+    [[ -x $THAW_FETCH ]] || die "THAW_FETCH=$THAW_FETCH is not executable"
+    printf '%s\n' "$THAW_FETCH"
+    return
+  fi
+  local p
+  for p in release default; do
+    if [[ -x $REPO_ROOT/build/$p/tools/thaw-fetch/thaw-fetch ]]; then
+      printf '%s\n' "$REPO_ROOT/build/$p/tools/thaw-fetch/thaw-fetch"
+      return
+    fi
+  done
+  die "thaw-fetch not built: cmake --preset release && cmake --build --preset release --target thaw-fetch -j2 (or set THAW_FETCH)"
+}
+
+find_genmodel() {
+  local p
+  for p in release default; do
+    if [[ -x $REPO_ROOT/build/$p/tools/genmodel/thaw-genmodel ]]; then
+      printf '%s\n' "$REPO_ROOT/build/$p/tools/genmodel/thaw-genmodel"
+      return
+    fi
+  done
+  die "thaw-genmodel not built: cmake --build --preset default --target thaw-genmodel -j2"
+}
+
+# ------------------------------------------------------------------------------ model
+# Generates the model once into build/bench-store/registry/bench-2g and publishes it
+# (thaw-manifest.json) with thaw-fetch; later runs reuse it. Sets REGISTRY_ROOT,
+# MODEL_DIR, MODEL_FILES (names), MODEL_BYTES (sum of their sizes, the goodput payload).
+ensure_model() {
+  local fetch=$1
+  REGISTRY_ROOT="$BENCH_STATE/registry"
+  MODEL_DIR="$REGISTRY_ROOT/$MODEL_NAME"
+  if [[ ! -f $MODEL_DIR/config.json ]]; then
+    log "generating the synthetic model into $MODEL_DIR"
+    mkdir -p "$MODEL_DIR"
+    "$(find_genmodel)" "${GENMODEL_ARGS[@]}" --out "$MODEL_DIR" --force --quiet >/dev/null
+  fi
+  if [[ ! -f $MODEL_DIR/thaw-manifest.json ]]; then
+    log "publishing (thaw-fetch publish) — computes digests once"
+    "$fetch" publish "$MODEL_DIR" >&2
+    [[ -f $MODEL_DIR/thaw-manifest.json ]] || die "thaw-fetch publish wrote no $MODEL_DIR/thaw-manifest.json"
+  fi
+  MODEL_FILES=()
+  local f
+  # The model is its files; thaw-manifest.json is the registry's metadata about them, which
+  # only thaw-fetch reads (its few kB count against thaw's time, not in the payload).
+  while IFS= read -r f; do MODEL_FILES+=("$f"); done < <(cd "$MODEL_DIR" &&
+    find . -maxdepth 1 -type f ! -name thaw-manifest.json -printf '%P\n' | LC_ALL=C sort)
+  MODEL_BYTES=$(cd "$MODEL_DIR" && stat -c %s "${MODEL_FILES[@]}" | awk '{s += $1} END {print s}')
+}
+
+# Reads every model file once so nginx serves all contenders from the page cache.
+warm_page_cache() {
+  local f
+  for f in "${MODEL_FILES[@]}"; do cat "$MODEL_DIR/$f" >/dev/null; done
+}
+
+# Byte-compares every fetched file with the registry's copy (run once per contender, so a
+# fast but wrong download cannot win). $1: directory holding the fetched files (searched
+# recursively by name, because the thaw cache has its own layout).
+verify_fetched() {
+  local dir=$1 who=$2 f got
+  for f in "${MODEL_FILES[@]}"; do
+    got=$(find "$dir" -type f -name "$f" -print -quit)
+    [[ -n $got ]] || die "$who: $f missing under $dir"
+    cmp -s "$got" "$MODEL_DIR/$f" || die "$who: $got differs from the registry's $f"
+  done
+}
+
+# ------------------------------------------------------------------------------ nginx
+# start_nginx NAME LISTEN [NETNS]: a non-daemon nginx serving REGISTRY_ROOT on LISTEN
+# (addr:port) with sendfile and keep-alive, optionally inside a network namespace.
+start_nginx() {
+  local name=$1 listen=$2 netns=${3:-}
+  local dir="$WORK/nginx-$name"
+  mkdir -p "$dir"
+  cat >"$dir/nginx.conf" <<EOF
+worker_processes 2;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  tcp_nodelay on;
+  keepalive_requests 100000;
+  keepalive_timeout 120s;
+  client_body_temp_path $dir/body;
+  proxy_temp_path $dir/proxy;
+  fastcgi_temp_path $dir/fastcgi;
+  uwsgi_temp_path $dir/uwsgi;
+  scgi_temp_path $dir/scgi;
+  default_type application/octet-stream;
+  server {
+    listen $listen reuseport;
+    root $REGISTRY_ROOT;
+    autoindex on;
+    autoindex_format json;
+  }
+}
+EOF
+  local -a ns=()
+  [[ -n $netns ]] && ns=(ip netns exec "$netns")
+  "${ns[@]}" /usr/sbin/nginx -c "$dir/nginx.conf" -g 'daemon off;' 2>>"$dir/stderr" &
+  local pid=$!
+  defer "kill -TERM $pid; wait $pid"
+  local i
+  for ((i = 0; i < 100; i++)); do
+    if "${ns[@]}" curl -sf -o /dev/null "http://$listen/$MODEL_NAME/config.json"; then return; fi
+    kill -0 "$pid" 2>/dev/null || die "nginx $name exited: $(cat "$dir/stderr" "$dir/error.log" 2>/dev/null)"
+    sleep 0.1
+  done
+  die "nginx $name did not answer on $listen"
+}
+
+# Picks a free TCP port on 127.0.0.1.
+free_port() {
+  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# ------------------------------------------------------------------------- namespaces
+NS_PREFIX="thawb$$"
+# make_netns NAME: a namespace with lo up, deleted on exit.
+make_netns() {
+  ip netns add "$1"
+  defer "ip netns del '$1'"
+  ip -n "$1" link set lo up
+}
+
+# link_ns NS_A IF_A ADDR_A NS_B IF_B ADDR_B [MTU]: a veth pair between two namespaces.
+# Deleting the namespaces also deletes the pair; the explicit deferral covers a failure
+# between creation and the move.
+link_ns() {
+  local nsa=$1 ifa=$2 addra=$3 nsb=$4 ifb=$5 addrb=$6 mtu=${7:-1500}
+  ip link add "$ifa" type veth peer name "$ifb"
+  defer "ip link del '$ifa'"
+  ip link set "$ifa" netns "$nsa"
+  ip link set "$ifb" netns "$nsb"
+  ip -n "$nsa" link set "$ifa" mtu "$mtu"
+  ip -n "$nsb" link set "$ifb" mtu "$mtu"
+  ip -n "$nsa" addr add "$addra/24" dev "$ifa"
+  ip -n "$nsb" addr add "$addrb/24" dev "$ifb"
+  ip -n "$nsa" link set "$ifa" up
+  ip -n "$nsb" link set "$ifb" up
+}
+
+# shape_egress NS IF RATE: HTB on the egress of IF (inside NS): one class, rate = ceil =
+# RATE, burst/cburst SHAPE_BURST, every packet in it (default 10), pfifo leaf. This is the
+# whole shaping; the reverse direction (ACKs) is not shaped.
+SHAPE_BURST=${SHAPE_BURST:-64k}
+shape_egress() {
+  local netns=$1 dev=$2 rate=$3
+  tc -n "$netns" qdisc add dev "$dev" root handle 1: htb default 10 r2q 1000
+  tc -n "$netns" class add dev "$dev" parent 1: classid 1:10 htb rate "$rate" ceil "$rate" \
+    burst "$SHAPE_BURST" cburst "$SHAPE_BURST"
+  tc -n "$netns" qdisc add dev "$dev" parent 1:10 handle 10: pfifo limit 1000
+}
+
+# tc_rate_bps 1gbit -> 1000000000 (tc's units: kbit/mbit/gbit are powers of 1000).
+tc_rate_bps() {
+  /usr/bin/python3 -c '
+import re, sys
+m = re.fullmatch(r"([0-9.]+)(bit|kbit|mbit|gbit)", sys.argv[1])
+if not m: sys.exit("rate must look like 1gbit or 250mbit")
+print(int(float(m[1]) * {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m[2]]))' "$1"
+}
+
+# ---------------------------------------------------------------------------- timing
+now() { printf '%s\n' "$EPOCHREALTIME"; }
+
+# timed FILE CMD...: runs CMD under /usr/bin/time, leaving "user sys" CPU seconds (of CMD
+# and the children it waited for) as the last line of FILE; cpu_of FILE prints their sum.
+timed() {
+  local file=$1
+  shift
+  /usr/bin/time -f '%U %S' -o "$file" "$@"
+}
+cpu_of() { tail -1 "$1" | awk '{printf "%.2f", $1 + $2}'; }
+elapsed() { /usr/bin/python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.6f}')" "$1" "$2"; }
+
+# Load average and who else is busy, for the record.
+note_load() {
+  log "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+}
+
+# ---------------------------------------------------------------------- the contenders
+# Each writes into a fresh directory and leaves the elapsed wall seconds in $T and its
+# CPU seconds (user + system) in $CPU.
+# thaw: `thaw-fetch fetch --json`; its JSON summary is kept in $THAW_JSON.
+THAW_EXTRA_ARGS=()
+run_thaw() {
+  local netns=$1 registry=$2 cache=$3
+  shift 3
+  local -a ns=()
+  [[ -n $netns ]] && ns=(ip netns exec "$netns")
+  local t0 t1
+  t0=$(now)
+  THAW_JSON=$(timed "$WORK/cpu" "${ns[@]}" "$THAW_FETCH_BIN" fetch --registry "$registry" --model "$MODEL_NAME" \
+    --cache "$cache" --json --quiet "${THAW_EXTRA_ARGS[@]}" "$@" 2>"$WORK/thaw.stderr") ||
+    die "thaw-fetch failed: $(tail -5 "$WORK/thaw.stderr")"
+  t1=$(now)
+  T=$(elapsed "$t0" "$t1")
+  CPU=$(cpu_of "$WORK/cpu")
+}
+
+# aria2c -x8 -s8, all files from one input list (aria2's default -j5 files at a time).
+run_aria2c() {
+  local netns=$1 base=$2 dir=$3
+  local -a ns=()
+  [[ -n $netns ]] && ns=(ip netns exec "$netns")
+  local list="$WORK/aria2.list" f
+  : >"$list"
+  for f in "${MODEL_FILES[@]}"; do printf '%s/%s\n' "$base" "$f" >>"$list"; done
+  local t0 t1
+  t0=$(now)
+  timed "$WORK/cpu" "${ns[@]}" aria2c -x8 -s8 -q -d "$dir" -i "$list" --allow-overwrite=true \
+    --auto-file-renaming=false 2>"$WORK/aria2.stderr" ||
+    die "aria2c failed: $(tail -5 "$WORK/aria2.stderr")"
+  t1=$(now)
+  T=$(elapsed "$t0" "$t1")
+  CPU=$(cpu_of "$WORK/cpu")
+}
+
+# curl: one process, one kept-alive connection, the files one after another — a plain
+# download.
+run_curl() {
+  local netns=$1 base=$2 dir=$3
+  local -a ns=() args=() f
+  [[ -n $netns ]] && ns=(ip netns exec "$netns")
+  for f in "${MODEL_FILES[@]}"; do args+=(-o "$dir/$f" "$base/$f"); done
+  local t0 t1
+  t0=$(now)
+  timed "$WORK/cpu" "${ns[@]}" curl -sS --fail "${args[@]}" 2>"$WORK/curl.stderr" ||
+    die "curl failed: $(tail -5 "$WORK/curl.stderr")"
+  t1=$(now)
+  T=$(elapsed "$t0" "$t1")
+  CPU=$(cpu_of "$WORK/cpu")
+}
+
+# run_contender WHO ROUND NETNS REGISTRY: one fetch of the whole model by WHO (thaw,
+# thaw-chunks, aria2c or curl) into a fresh directory under CACHE_ROOT; the first round is byte-compared with
+# the registry's files; appends the run to RESULTS.
+run_contender() {
+  local who=$1 round=$2 netns=$3 registry=$4 dir="$CACHE_ROOT/$1"
+  mkdir -p "$dir"
+  local extra=-
+  case $who in
+    thaw)
+      run_thaw "$netns" "$registry" "$dir"
+      extra=$(compact_json <<<"$THAW_JSON")
+      ;;
+    thaw-chunks)  # per-chunk sha256 only, no whole-file sha256 on top
+      run_thaw "$netns" "$registry" "$dir" --no-file-sha256
+      extra=$(compact_json <<<"$THAW_JSON")
+      ;;
+    aria2c) run_aria2c "$netns" "$registry/$MODEL_NAME" "$dir" ;;
+    curl) run_curl "$netns" "$registry/$MODEL_NAME" "$dir" ;;
+    *) die "unknown contender $who" ;;
+  esac
+  log "round $round $who: $T s, $CPU CPU s"
+  if [[ $round == 1 ]]; then verify_fetched "$dir" "$who"; fi
+  rm -rf "$dir"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$who" "$T" "$MODEL_BYTES" "$CPU" "$extra" >>"$RESULTS"
+}
+
+compact_json() {
+  /usr/bin/python3 -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.read())))'
+}
