@@ -52,10 +52,29 @@ std::size_t resumed_requests(const std::vector<std::string>& access_log) {
   return resumed;
 }
 
+// Range requests that nginx answered with fewer body bytes than they asked for: cut by the
+// server's stop. Log lines: `GET <uri> "bytes=<first>-<last>" <status> <body bytes sent>`.
+std::size_t cut_requests(const std::vector<std::string>& access_log) {
+  std::size_t cut = 0;
+  for (const std::string& line : access_log) {
+    const auto at = line.find("\"bytes=");
+    if (at == std::string::npos) continue;
+    const std::uint64_t first = std::stoull(line.substr(at + 7));
+    const std::uint64_t last = std::stoull(line.substr(line.find('-', at) + 1));
+    const auto fields = line.substr(line.find('"', at + 1) + 2);  // "<status> <sent>"
+    const std::uint64_t sent = std::stoull(fields.substr(fields.find(' ') + 1));
+    if (sent < last - first + 1) ++cut;
+  }
+  return cut;
+}
+
 // nginx's limit_rate lets a response run a second or two ahead of its rate into the socket
 // buffers (which outlive nginx), so the rate is low enough, 500 KiB/s, that most of each
-// shard's 1.8 MB is still unsent when the server stops: transfers are cut mid-body. (Not
-// 512k: its burst would end exactly on a chunk boundary and hide the resumes.)
+// shard's 1.8 MB is still unsent when the server stops: transfers are usually cut mid-body.
+// (Not 512k: its burst would end exactly on a chunk boundary and hide the resumes.) Under
+// ASan on a loaded machine nginx sometimes hands every body to the kernel before the stop
+// (2 of 5 runs, even at 200k); then nothing is cut and there is nothing to resume, which the
+// check below allows — the fault-server suite tests resume-from-last-byte deterministically.
 TEST(ResumeTest, ServerStoppedAndStartedMidTransfer) {
   RegistryFixture fixture("500k");
   auto registry = fixture.registry("/slow");
@@ -81,7 +100,13 @@ TEST(ResumeTest, ServerStoppedAndStartedMidTransfer) {
                        << " of " << while_down.bytes_total << " bytes in";
   ASSERT_TRUE(result) << result.error().message;
   EXPECT_LT(while_down.bytes_done, while_down.bytes_total);
-  EXPECT_GT(resumed_requests(fixture.server().access_log()), 0u);
+  const auto log = fixture.server().access_log();
+  std::string requests;
+  for (const std::string& line : log) requests += line + "\n";
+  if (cut_requests(log) > 0)
+    EXPECT_GT(resumed_requests(log), 0u) << "transfers were cut but none resumed mid-body; "
+                                         << "nginx access log:\n"
+                                         << requests;
   EXPECT_EQ(result->bytes_fetched, total_bytes(fixture.model_dir()));
   EXPECT_GT(result->retries, 0u);
   expect_cache_matches(fixture);
