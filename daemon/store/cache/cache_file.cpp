@@ -276,6 +276,10 @@ CacheResult<void> CacheFile::write_at(uint64_t offset, std::span<const std::byte
   return {};
 }
 
+CacheResult<MappedRegion> CacheFile::map_read_only() const {
+  return MappedRegion::map(data_fd_.get(), data_bytes_, /*writable=*/false, data_path_.string());
+}
+
 CacheResult<UniqueFd> CacheFile::reader_data_fd() const {
   const std::string proc = fmt::format("/proc/self/fd/{}", data_fd_.get());
   UniqueFd fd(::open(proc.c_str(), O_RDONLY | O_CLOEXEC));

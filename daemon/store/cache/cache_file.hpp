@@ -99,6 +99,10 @@ class CacheFile {
   CacheResult<UniqueFd> reader_data_fd() const;
   CacheResult<UniqueFd> reader_readiness_fd() const { return readiness_.reopen_read_only(); }
 
+  // A read-only shared mapping of the data file, for hashing bytes where they lie
+  // instead of copying them out (pread) first. Read only verified ranges through it.
+  CacheResult<MappedRegion> map_read_only() const;
+
   int data_fd() const { return data_fd_.get(); }
   ChunkReadiness& readiness() { return readiness_; }
   const ChunkReadiness& readiness() const { return readiness_; }

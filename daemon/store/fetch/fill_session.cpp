@@ -1,37 +1,16 @@
 #include "daemon/store/fetch/fill_session.hpp"
 
+#include "daemon/store/fetch/sha256_chain.hpp"
+
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 
 namespace thaw::store {
 
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
-
-// Reads exactly bytes.size() bytes at `offset`.
-std::expected<void, std::string> read_exact(int fd, std::uint64_t offset,
-                                            std::span<std::byte> bytes) {
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n =
-        ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return std::unexpected(std::string(std::strerror(errno)));
-    if (n == 0) return std::unexpected(fmt::format("file ends at byte {}", offset + done));
-    done += static_cast<std::size_t>(n);
-  }
-  return {};
-}
-
-std::span<std::byte> sized(std::vector<std::byte>& buffer, std::uint64_t length) {
-  if (buffer.size() < length) buffer.resize(static_cast<std::size_t>(length));
-  return std::span(buffer).first(static_cast<std::size_t>(length));
-}
 
 // A digest shortened for the 255-byte failure reason of a readiness map.
 std::string short_digest(const std::string& hex) {
@@ -61,8 +40,6 @@ FillSession::FillSession(std::string label, std::size_t file_slots, unsigned ver
       hooks_(std::move(hooks)),
       start_(start),
       slots_(file_slots),
-      chunk_buffers_(std::max(verify_threads, 1u)),
-      digest_buffers_(std::max(verify_threads, 1u)),
       pool_(std::max(verify_threads, 1u)) {}
 
 FillSession::~FillSession() {
@@ -70,11 +47,26 @@ FillSession::~FillSession() {
   pool_.drain();
 }
 
-FileFill& FillSession::add_file(FileId id, FileFillSpec spec, std::shared_ptr<CacheFile> file) {
+std::span<const std::byte> FileFill::chunk_bytes(std::uint64_t c) const {
+  const ChunkReadiness& r = readiness();
+  return std::span<const std::byte>(view.data(), view.size())
+      .subspan(static_cast<std::size_t>(r.chunk_offset(c)),
+               static_cast<std::size_t>(r.chunk_length(c)));
+}
+
+std::expected<void, ModelFetchError> FillSession::add_file(FileId id, FileFillSpec spec,
+                                                           std::shared_ptr<CacheFile> file) {
+  auto view = file->map_read_only();
+  if (!view) {
+    return std::unexpected(ModelFetchError{
+        ModelFetchErrc::cache, fmt::format("{}/{}: mapping the cache file to verify it: {}", label_,
+                                           spec.path, view.error().message)});
+  }
   auto& slot = slots_.at(id);
   slot = std::make_unique<FileFill>(id, std::move(spec), std::move(file));
+  slot->view = std::move(*view);
   counters_.files_total.fetch_add(1, std::memory_order_relaxed);
-  return *slot;
+  return {};
 }
 
 FileFill* FillSession::file(FileId id) const {
@@ -254,7 +246,7 @@ std::expected<void, std::string> FillSession::credit(FileFill& f, std::uint64_t 
                                          where(f), c, now, chunk_length));
     }
     if (now == chunk_length) {
-      pool_.submit([this, ff = &f, c](unsigned worker) { verify(*ff, c, worker); });
+      pool_.submit([this, ff = &f, c](unsigned) { verify(*ff, c); });
     }
     offset += n;
     length -= n;
@@ -276,30 +268,29 @@ void FillSession::failed(FileId id, ByteRange range, const FetchError& error) {
 
 // --- Verification (pool threads) --------------------------------------------------------
 
-void FillSession::verify(FileFill& f, std::uint64_t chunk, unsigned worker) {
+// The fetcher wrote a chunk before crediting it (the pool's queue orders the two), and
+// nothing writes it again until it is requested again, so its bytes are hashed in place.
+void FillSession::verify(FileFill& f, std::uint64_t chunk) {
   if (f.failed.load()) return;
-  const ChunkReadiness& readiness = f.readiness();
-  const std::uint64_t offset = readiness.chunk_offset(chunk);
-  const std::uint64_t length = readiness.chunk_length(chunk);
-  std::span<const std::byte> bytes;
-  if (!f.spec.chunk_sha256.empty()) {
-    auto buffer = sized(chunk_buffers_[worker], length);
-    if (auto ok = read_exact(f.file->data_fd(), offset, buffer); !ok) {
-      fail_file(
-          f,
-          ModelFetchError{ModelFetchErrc::cache,
-                          fmt::format("{}: reading chunk {} back from the cache file {} to "
-                                      "verify it: {}",
-                                      where(f), chunk, f.file->data_path().string(), ok.error())},
-          "reading a chunk back from the cache failed");
-      return;
-    }
-    std::string actual = sha256_hex(buffer);
+  if (f.spec.chained) {
+    std::string actual = chained_actual(f, chunk);
+    const bool last = chunk + 1 == f.chunk_count;
+    const std::string& expected = last ? f.spec.file_sha256 : f.spec.chain_sha256[chunk];
+    if (actual != expected) return chunk_mismatch(f, chunk, expected, std::move(actual));
+  } else if (!f.spec.chunk_sha256.empty()) {
+    std::string actual = sha256_hex(f.chunk_bytes(chunk));
     const std::string& expected = f.spec.chunk_sha256[chunk];
     if (actual != expected) return chunk_mismatch(f, chunk, expected, std::move(actual));
-    bytes = buffer;
   }
-  chunk_verified(f, chunk, bytes, worker);
+  chunk_verified(f, chunk);
+}
+
+std::string FillSession::chained_actual(const FileFill& f, std::uint64_t c) const {
+  const std::string_view before = c == 0 ? std::string_view() : f.spec.chain_sha256[c - 1];
+  // The states were checked as 64 hex digits when the manifest was parsed.
+  return sha256_chain_step(before, f.readiness().chunk_offset(c), f.chunk_bytes(c),
+                           c + 1 == f.chunk_count)
+      .value_or(std::string());
 }
 
 void FillSession::chunk_mismatch(FileFill& f, std::uint64_t chunk, std::string expected,
@@ -348,8 +339,7 @@ void FillSession::chunk_mismatch(FileFill& f, std::uint64_t chunk, std::string e
                   short_digest(info.expected_sha256), short_digest(info.actual_sha256)));
 }
 
-void FillSession::chunk_verified(FileFill& f, std::uint64_t chunk, std::span<const std::byte> bytes,
-                                 unsigned worker) {
+void FillSession::chunk_verified(FileFill& f, std::uint64_t chunk) {
   ChunkReadiness& readiness = f.readiness();
   if (auto ok = readiness.mark_verified(chunk); !ok) {
     fail_file(
@@ -374,50 +364,31 @@ void FillSession::chunk_verified(FileFill& f, std::uint64_t chunk, std::span<con
     idle = --outstanding_ == 0;
   }
   if (idle) changed_.notify_all();
-  if (f.digest) advance_digest(f, chunk, bytes, digest_buffers_[worker]);
+  if (f.digest) advance_digest(f);
 }
 
 // Several workers may verify chunks of one file at once, but the digest must see them in
 // order: whoever holds digest_mutex digests every verified chunk from digest_next on; a
 // worker that finds it held only bumps digest_requests, which makes the holder look again
 // before it leaves, so no verified chunk is left waiting.
-void FillSession::advance_digest(FileFill& f, std::uint64_t have_chunk,
-                                 std::span<const std::byte> have, std::vector<std::byte>& scratch) {
+void FillSession::advance_digest(FileFill& f) {
   f.digest_requests.fetch_add(1, std::memory_order_acq_rel);
   if (!f.digest_mutex.try_lock()) return;
   for (;;) {
     const std::uint64_t seen = f.digest_requests.load(std::memory_order_acquire);
-    auto ok = digest_ready_chunks(f, have_chunk, have, scratch);
+    digest_ready_chunks(f);
     f.digest_mutex.unlock();
-    if (!ok) return fail_file(f, ok.error(), "reading the file back for its sha256 failed");
     if (f.digest_requests.load(std::memory_order_acquire) == seen) return;
     if (!f.digest_mutex.try_lock()) return;
   }
 }
 
-std::expected<void, ModelFetchError> FillSession::digest_ready_chunks(
-    FileFill& f, std::uint64_t have_chunk, std::span<const std::byte> have,
-    std::vector<std::byte>& scratch) {
+void FillSession::digest_ready_chunks(FileFill& f) {
   const ChunkReadiness& readiness = f.readiness();
   while (f.digest_next < f.chunk_count && readiness.chunk_verified(f.digest_next)) {
-    const std::uint64_t c = f.digest_next;
-    const std::uint64_t length = readiness.chunk_length(c);
-    if (c == have_chunk && have.size() == length) {
-      f.digest->update(have);
-    } else {
-      auto buffer = sized(scratch, length);
-      if (auto ok = read_exact(f.file->data_fd(), readiness.chunk_offset(c), buffer); !ok) {
-        return std::unexpected(
-            ModelFetchError{ModelFetchErrc::cache,
-                            fmt::format("{}: reading chunk {} back from {} for the file's "
-                                        "sha256: {}",
-                                        where(f), c, f.file->data_path().string(), ok.error())});
-      }
-      f.digest->update(buffer);
-    }
+    f.digest->update(f.chunk_bytes(f.digest_next));
     ++f.digest_next;
   }
-  return {};
 }
 
 std::expected<std::string, ModelFetchError> FillSession::whole_file_sha256(FileId id) {
@@ -427,10 +398,7 @@ std::expected<std::string, ModelFetchError> FillSession::whole_file_sha256(FileI
                                            fmt::format("{}: no whole-file digest kept", where(f))});
   }
   std::lock_guard lock(f.digest_mutex);
-  std::vector<std::byte> scratch;
-  if (auto ok = digest_ready_chunks(f, f.chunk_count, {}, scratch); !ok) {
-    return std::unexpected(ok.error());
-  }
+  digest_ready_chunks(f);
   if (f.digest_next != f.chunk_count) {
     return std::unexpected(ModelFetchError{
         ModelFetchErrc::invalid_argument,

@@ -11,6 +11,7 @@
 
 #include "daemon/store/cache/unique_fd.hpp"
 #include "daemon/store/fetch/sha256.hpp"
+#include "daemon/store/fetch/sha256_chain.hpp"
 
 namespace thaw::store {
 
@@ -24,7 +25,8 @@ std::unexpected<PublishError> failure(std::string message) {
   return std::unexpected(PublishError{std::move(message)});
 }
 
-// One pass over the file: the whole-file digest and one digest per chunk.
+// One pass over the file: the whole-file digest, one digest per chunk, and (when the chunk
+// size allows it) the chaining states that let a fetch check both in one pass.
 std::expected<ManifestFile, PublishError> hash_file(const fs::path& path, std::string relative,
                                                     std::uint64_t chunk_size,
                                                     std::vector<std::byte>& buffer) {
@@ -33,7 +35,8 @@ std::expected<ManifestFile, PublishError> hash_file(const fs::path& path, std::s
   ManifestFile file;
   file.path = std::move(relative);
   file.chunk_size = chunk_size;
-  Sha256 whole;
+  const bool chained = chunk_size % kSha256BlockBytes == 0;
+  Sha256ChainBuilder whole(chained ? chunk_size : kSha256BlockBytes);
   Sha256 chunk;
   std::uint64_t in_chunk = 0;
   for (;;) {
@@ -55,7 +58,9 @@ std::expected<ManifestFile, PublishError> hash_file(const fs::path& path, std::s
     }
   }
   if (in_chunk > 0) file.chunk_sha256.push_back(chunk.hex_digest());
-  file.sha256 = whole.hex_digest();
+  auto result = whole.finish();
+  file.sha256 = std::move(result.sha256);
+  if (chained) file.chunk_chain_sha256 = std::move(result.chain);
   return file;
 }
 

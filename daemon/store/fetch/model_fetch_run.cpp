@@ -254,9 +254,18 @@ std::expected<void, ModelFetchError> ModelFetch::Run::open_target(FileId id) {
   FileFillSpec spec;
   spec.path = rf.path;
   if (chunked) spec.chunk_sha256 = mf->chunk_sha256;
-  spec.digest_whole_file = target.sha256 && !target.complete_at_start &&
+  // Chained states check every chunk and the whole file in one pass; the manifest parser
+  // made sure they come with the file's sha256 and a chunk size that allows them.
+  // (A one-chunk file needs no state: its chunk must hash to the file's sha256.)
+  spec.chained =
+      chunked && mf->sha256 && mf->chunk_chain_sha256.size() + 1 == readiness.chunk_count();
+  if (spec.chained) {
+    spec.chain_sha256 = mf->chunk_chain_sha256;
+    spec.file_sha256 = *mf->sha256;
+  }
+  spec.digest_whole_file = target.sha256 && !target.complete_at_start && !spec.chained &&
                            (opt_.verify_whole_file || spec.chunk_sha256.empty());
-  session_->add_file(id, std::move(spec), std::move(*file));
+  if (auto ok = session_->add_file(id, std::move(spec), std::move(*file)); !ok) return ok;
   targets_[id] = std::move(target);
   return {};
 }
@@ -516,6 +525,8 @@ std::expected<void, ModelFetchError> ModelFetch::Run::finish() {
         return std::unexpected(fail(ModelFetchErrc::integrity, message));
       }
       target.sha256_checked = true;
+    } else if (f.spec.chained) {
+      target.sha256_checked = true;  // the last chunk's check was the file's sha256
     }
     if (auto ok = readiness.mark_complete(); !ok) {
       return std::unexpected(from_cache(ok.error()));

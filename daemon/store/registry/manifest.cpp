@@ -75,7 +75,35 @@ std::expected<ManifestFile, RegistryError> parse_file(const nlohmann::json& entr
       file.chunk_sha256.push_back(*digest);
     }
   }
-  if (!file.chunk_sha256.empty() || file.chunk_size != 0) {
+  if (auto chain = entry.find("chunk_chain_sha256"); chain != entry.end() && !chain->is_null()) {
+    if (!chain->is_array()) {
+      return std::unexpected(where("\"chunk_chain_sha256\" is not an array"));
+    }
+    for (const auto& item : *chain) {
+      auto state = item.is_string() ? normalise_sha256(item.get<std::string>()) : std::nullopt;
+      if (!state) {
+        return std::unexpected(where(fmt::format("chunk_chain_sha256[{}] is not 64 hex digits",
+                                                 file.chunk_chain_sha256.size())));
+      }
+      file.chunk_chain_sha256.push_back(*state);
+    }
+    if (!file.sha256) return std::unexpected(where("chunk_chain_sha256 without a \"sha256\""));
+    if (file.chunk_size == 0 || file.chunk_size % 64 != 0) {
+      return std::unexpected(
+          where("chunk_chain_sha256 needs a chunk_size that is a multiple of 64 bytes"));
+    }
+    const std::uint64_t chunks = file.size / file.chunk_size + (file.size % file.chunk_size != 0);
+    const std::uint64_t expected = chunks == 0 ? 0 : chunks - 1;
+    if (file.chunk_chain_sha256.size() != expected) {
+      return std::unexpected(
+          where(fmt::format("{} chaining states for {} chunks (need {}: one per chunk but the "
+                            "last)",
+                            file.chunk_chain_sha256.size(), chunks, expected)));
+    }
+  }
+  // Chaining states alone are enough to verify chunks; plain chunk digests, when given,
+  // must cover every chunk.
+  if (!file.chunk_sha256.empty() || (file.chunk_size != 0 && file.chunk_chain_sha256.empty())) {
     if (file.chunk_size == 0) return std::unexpected(where("chunk_sha256 without a chunk_size"));
     std::uint64_t expected = file.size / file.chunk_size + (file.size % file.chunk_size != 0);
     if (file.chunk_sha256.size() != expected) {
@@ -87,7 +115,7 @@ std::expected<ManifestFile, RegistryError> parse_file(const nlohmann::json& entr
   for (auto it = entry.begin(); it != entry.end(); ++it) {
     const auto& key = it.key();
     if (key != "path" && key != "size" && key != "sha256" && key != "chunk_size" &&
-        key != "chunk_sha256") {
+        key != "chunk_sha256" && key != "chunk_chain_sha256") {
       file.extra[key] = it.value();
     }
   }
@@ -133,6 +161,7 @@ nlohmann::json manifest_to_json(const Manifest& manifest) {
       entry["chunk_size"] = file.chunk_size;
       entry["chunk_sha256"] = file.chunk_sha256;
     }
+    if (!file.chunk_chain_sha256.empty()) entry["chunk_chain_sha256"] = file.chunk_chain_sha256;
     files.push_back(std::move(entry));
   }
   doc["files"] = std::move(files);

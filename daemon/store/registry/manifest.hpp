@@ -2,7 +2,11 @@
 // to the model on a registry. Shape (fields the store uses; others are kept verbatim so a
 // newer publisher's additions survive a round trip):
 //   {"files": [{"path": "model.safetensors", "size": 123, "sha256": "<64 hex>",
-//               "chunk_size": 4194304, "chunk_sha256": ["<64 hex>", ...]}, ...]}
+//               "chunk_size": 4194304, "chunk_sha256": ["<64 hex>", ...],
+//               "chunk_chain_sha256": ["<64 hex>", ...]}, ...]}
+// chunk_chain_sha256 (optional) holds the SHA-256 chaining state after each chunk but the
+// last (see daemon/store/fetch/sha256_chain.hpp): with it a fetcher verifies every chunk
+// and the whole file's sha256 in one pass over the bytes.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +30,9 @@ struct ManifestFile {
   std::optional<std::string> sha256;      // whole file, lowercase hex
   std::uint64_t chunk_size = 0;           // 0: no chunk digests
   std::vector<std::string> chunk_sha256;  // ceil(size / chunk_size) entries, lowercase hex
+  // ceil(size / chunk_size) - 1 chaining states; only with sha256 and a chunk_size that
+  // is a multiple of 64. Empty: none published.
+  std::vector<std::string> chunk_chain_sha256;
   nlohmann::json extra = nlohmann::json::object();  // fields not listed above
 };
 
@@ -38,7 +45,9 @@ struct Manifest {
 
 // `origin` (URL or path) names the manifest in errors. Rejects: bad JSON, missing or
 // mistyped fields, unsafe paths, duplicate paths, digests that are not 64 hex digits,
-// chunk digests without chunk_size or with a count other than ceil(size / chunk_size).
+// chunk digests without chunk_size or with a count other than ceil(size / chunk_size),
+// chaining states without sha256, with a chunk_size not a multiple of 64, or with a count
+// other than ceil(size / chunk_size) - 1.
 std::expected<Manifest, RegistryError> parse_manifest(std::string_view text,
                                                       std::string_view origin);
 

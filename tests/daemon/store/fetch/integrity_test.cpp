@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include "daemon/store/fetch/manifest_publish.hpp"
 #include "daemon/store/fetch/model_fetch.hpp"
 #include "daemon/store/fetch/sha256.hpp"
+#include "daemon/store/fetch/sha256_chain.hpp"
 #include "fetch_test_support.hpp"
 
 namespace thaw::store {
@@ -58,17 +60,56 @@ Corruption corrupt_shard(const fs::path& model_dir) {
   return c;
 }
 
-std::string chunk_sha256(const std::vector<std::byte>& file, std::uint64_t chunk) {
+std::span<const std::byte> chunk_of(const std::vector<std::byte>& file, std::uint64_t chunk) {
   const std::uint64_t begin = chunk * kTestChunkBytes;
   const std::uint64_t end = std::min<std::uint64_t>(begin + kTestChunkBytes, file.size());
-  return sha256_hex(std::span(file).subspan(begin, end - begin));
+  return std::span(file).subspan(begin, end - begin);
 }
 
-TEST(IntegrityTest, CorruptChunkIsCaughtNeverReadyAndFailsTheFetchLoudly) {
+// The digests a fetch compares for `chunk`: its plain sha256, or (chained manifests) the
+// chaining state it leads to from the published state before it.
+struct ChunkDigests {
+  std::string expected, actual;
+};
+ChunkDigests digests(const fs::path& model_dir, const Corruption& bad, bool chained) {
+  const auto now = read_file(model_dir / kShard);
+  if (!chained)
+    return {sha256_hex(chunk_of(bad.original, bad.chunk)), sha256_hex(chunk_of(now, bad.chunk))};
+  Sha256ChainBuilder builder(kTestChunkBytes);
+  builder.update(bad.original);
+  auto published = builder.finish();
+  const bool last = bad.chunk == published.chain.size();
+  const std::string before = bad.chunk == 0 ? std::string() : published.chain[bad.chunk - 1];
+  return {last ? published.sha256 : published.chain[bad.chunk],
+          *sha256_chain_step(before, bad.chunk * kTestChunkBytes, chunk_of(now, bad.chunk), last)};
+}
+
+// Rewrites the registry's manifest with plain chunk digests only (no chaining states), as
+// an older publisher would have made it.
+PublishOptions test_chunks() {
+  PublishOptions options;
+  options.chunk_size = kTestChunkBytes;
+  return options;
+}
+
+void drop_chain_from_manifest(const fs::path& model_dir) {
+  auto manifest = make_manifest(model_dir, test_chunks());
+  ASSERT_TRUE(manifest);
+  for (ManifestFile& f : manifest->files) f.chunk_chain_sha256.clear();
+  std::ofstream(model_dir / kManifestName) << manifest_to_json(*manifest).dump();
+}
+
+class IntegrityTest : public ::testing::TestWithParam<bool> {};  // param: chained manifest
+
+INSTANTIATE_TEST_SUITE_P(Manifests, IntegrityTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "chained" : "chunk_digests"; });
+
+TEST_P(IntegrityTest, CorruptChunkIsCaughtNeverReadyAndFailsTheFetchLoudly) {
   RegistryFixture fixture;
+  if (!GetParam()) drop_chain_from_manifest(fixture.model_dir());
   const Corruption bad = corrupt_shard(fixture.model_dir());
-  const std::string expected = chunk_sha256(bad.original, bad.chunk);
-  const std::string actual = chunk_sha256(read_file(fixture.model_dir() / kShard), bad.chunk);
+  const auto [expected, actual] = digests(fixture.model_dir(), bad, GetParam());
+  ASSERT_NE(expected, actual);
 
   auto registry = fixture.registry();
   HostCache cache = fixture.open_cache();
@@ -134,8 +175,9 @@ TEST(IntegrityTest, CorruptChunkIsCaughtNeverReadyAndFailsTheFetchLoudly) {
   EXPECT_FALSE(consumer_saw->failure_reason.empty());
 }
 
-TEST(IntegrityTest, ChunkCorruptedOnceIsRepairedByItsRefetch) {
+TEST_P(IntegrityTest, ChunkCorruptedOnceIsRepairedByItsRefetch) {
   RegistryFixture fixture;
+  if (!GetParam()) drop_chain_from_manifest(fixture.model_dir());
   const Corruption bad = corrupt_shard(fixture.model_dir());
   auto registry = fixture.registry();
   HostCache cache = fixture.open_cache();
@@ -156,6 +198,42 @@ TEST(IntegrityTest, ChunkCorruptedOnceIsRepairedByItsRefetch) {
   auto file = cache.find_file(kModelName, kShard);
   ASSERT_TRUE(file);
   EXPECT_EQ((*file)->readiness().state(), FillState::complete);
+  const auto& shard = result->files;
+  auto it =
+      std::find_if(shard.begin(), shard.end(), [](const auto& f) { return f.path == kShard; });
+  ASSERT_NE(it, shard.end());
+  EXPECT_TRUE(it->sha256_checked);
+}
+
+// Chained manifest whose chunk states are right but whose file sha256 is another file's:
+// every chunk but the last passes, the last one fails, and so does the fetch.
+TEST(IntegrityChainTest, AManifestLyingAboutTheFileSha256FailsTheLastChunk) {
+  RegistryFixture fixture;
+  auto manifest = make_manifest(fixture.model_dir(), test_chunks());
+  ASSERT_TRUE(manifest);
+  std::uint64_t chunks = 0;
+  for (ManifestFile& f : manifest->files) {
+    if (f.path != kShard) continue;
+    ASSERT_FALSE(f.chunk_chain_sha256.empty());
+    chunks = f.chunk_chain_sha256.size() + 1;
+    f.sha256 = std::string(64, 'e');
+  }
+  std::ofstream(fixture.model_dir() / kManifestName) << manifest_to_json(*manifest).dump();
+  auto registry = fixture.registry();
+  HostCache cache = fixture.open_cache();
+  ModelFetchOptions options;
+  options.model = kModelName;
+  ModelFetch fetch(*registry, cache, options);
+  auto result = fetch.run();
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().code, ModelFetchErrc::integrity);
+  EXPECT_NE(result.error().message.find("chunk " + std::to_string(chunks - 1)), std::string::npos)
+      << result.error().message;
+  auto file = cache.find_file(kModelName, kShard);
+  ASSERT_TRUE(file);
+  EXPECT_FALSE((*file)->readiness().chunk_verified(chunks - 1));
+  EXPECT_TRUE((*file)->readiness().chunk_verified(0));
+  EXPECT_NE((*file)->readiness().state(), FillState::complete);
 }
 
 TEST(IntegrityTest, WithoutChunkDigestsTheWholeFileDigestCatchesIt) {
@@ -166,6 +244,7 @@ TEST(IntegrityTest, WithoutChunkDigestsTheWholeFileDigestCatchesIt) {
   for (ManifestFile& f : manifest->files) {
     f.chunk_size = 0;
     f.chunk_sha256.clear();
+    f.chunk_chain_sha256.clear();
   }
   std::ofstream(fixture.model_dir() / kManifestName) << manifest_to_json(*manifest).dump();
   corrupt_shard(fixture.model_dir());

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "daemon/store/fetch/manifest_publish.hpp"
+#include "daemon/store/fetch/sha256_chain.hpp"
 #include "daemon/store/registry/manifest.hpp"
 #include "fetch_test_support.hpp"
 
@@ -85,6 +86,32 @@ TEST(ManifestPublishTest, ShortLastChunk) {
   ASSERT_TRUE(manifest);
   ASSERT_EQ(manifest->files.size(), 1u);
   EXPECT_EQ(manifest->files[0].chunk_sha256.size(), 3u);
+}
+
+TEST(ManifestPublishTest, ChainedStatesWhenTheChunkSizeIsAMultipleOf64) {
+  TempDir dir;
+  const auto bytes = make_bytes(3 * 6400 + 10, 5);
+  write_file(dir.path() / "a.bin", bytes);
+  PublishOptions options;
+  options.chunk_size = 6400;
+  auto manifest = make_manifest(dir.path(), options);
+  ASSERT_TRUE(manifest);
+  const ManifestFile& f = manifest->files[0];
+  ASSERT_EQ(f.chunk_chain_sha256.size(), 3u);  // 4 chunks: a state after each but the last
+  // Each published state, with the next chunk's bytes, leads to the next one; the last
+  // chunk leads to the file's sha256.
+  for (std::size_t c = 0; c < 4; ++c) {
+    const auto piece = std::span(bytes).subspan(c * 6400, c == 3 ? 10 : 6400);
+    auto state = sha256_chain_step(c == 0 ? std::string() : f.chunk_chain_sha256[c - 1], c * 6400,
+                                   piece, c == 3);
+    ASSERT_TRUE(state);
+    EXPECT_EQ(*state, c == 3 ? *f.sha256 : f.chunk_chain_sha256[c]) << c;
+  }
+  options.chunk_size = 6401;  // not a multiple of 64: plain chunk digests only
+  auto plain = make_manifest(dir.path(), options);
+  ASSERT_TRUE(plain);
+  EXPECT_TRUE(plain->files[0].chunk_chain_sha256.empty());
+  EXPECT_EQ(plain->files[0].chunk_sha256.size(), 4u);
 }
 
 TEST(ManifestPublishTest, BadInputsAreNamed) {

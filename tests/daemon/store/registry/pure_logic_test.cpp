@@ -181,6 +181,19 @@ TEST(Manifest, ParsesKnownFieldsAndKeepsUnknownOnes) {
   EXPECT_EQ(again->files[0].chunk_sha256, model.chunk_sha256);
 }
 
+TEST(Manifest, ChainedStatesRoundTrip) {
+  const std::string text = std::string(R"({"files": [{"path": "m", "size": 200, "sha256": ")") +
+                           kDigest + R"(", "chunk_size": 64, "chunk_chain_sha256": [")" + kDigest +
+                           R"(", ")" + kDigest + R"(", ")" + kDigest + R"("]}]})";
+  auto manifest = parse_manifest(text, "chained");
+  ASSERT_TRUE(manifest) << manifest.error().message;
+  EXPECT_EQ(manifest->files[0].chunk_chain_sha256.size(), 3u);
+  EXPECT_TRUE(manifest->files[0].extra.empty());
+  auto again = parse_manifest(manifest_to_json(*manifest).dump(), "round trip");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->files[0].chunk_chain_sha256, manifest->files[0].chunk_chain_sha256);
+}
+
 TEST(Manifest, RejectsBrokenManifests) {
   const std::string digest = kDigest;
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -196,6 +209,18 @@ TEST(Manifest, RejectsBrokenManifests) {
        "need 3"},
       {R"({"files": [{"path": "a", "size": 9, "chunk_sha256": [")" + digest + R"("]}]})",
        "without a chunk_size"},
+      {R"({"files": [{"path": "a", "size": 200, "chunk_size": 64, "chunk_chain_sha256": [")" +
+           digest + R"(", ")" + digest + R"(", ")" + digest + R"("]}]})",
+       "without a \"sha256\""},
+      {R"({"files": [{"path": "a", "size": 200, "sha256": ")" + digest +
+           R"(", "chunk_size": 64, "chunk_chain_sha256": [")" + digest + R"("]}]})",
+       "need 3"},
+      {R"({"files": [{"path": "a", "size": 200, "sha256": ")" + digest +
+           R"(", "chunk_size": 100, "chunk_chain_sha256": [")" + digest + R"("]}]})",
+       "multiple of 64"},
+      {R"({"files": [{"path": "a", "size": 200, "sha256": ")" + digest +
+           R"(", "chunk_size": 64, "chunk_chain_sha256": ["x", "y", "z"]}]})",
+       "chunk_chain_sha256[0]"},
   };
   for (const auto& [text, needle] : cases) {
     auto manifest = parse_manifest(text, "bad-manifest.json");
