@@ -42,6 +42,7 @@ void watch(store::ModelFetch& fetch, const std::atomic<bool>& done, const std::s
   while (!done.load()) {
     timespec tick{0, 100'000'000};
     const int sig = ::sigtimedwait(&signals, nullptr, &tick);
+    if (sig == SIGUSR1) continue;  // the fetch ended: see `done`
     if (sig == SIGINT || sig == SIGTERM) {
       fetch.cancel();
       continue;
@@ -101,7 +102,11 @@ int run_fetch(const FetchArgs& args) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  // The runner wakes the watcher with SIGUSR1 when the fetch ends, so the process exits
+  // at once rather than at the watcher's next tick (up to 100 ms, 2 % of a stage fetch).
+  sigaddset(&signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const pthread_t watcher = pthread_self();
 
   store::ModelFetch fetch(**registry, *cache, options);
   std::atomic<bool> done{false};
@@ -110,9 +115,17 @@ int run_fetch(const FetchArgs& args) {
   std::thread runner([&] {
     result = fetch.run();
     done.store(true);
+    pthread_kill(watcher, SIGUSR1);
   });
   watch(fetch, done, args.model, args.quiet, signals);
   runner.join();
+  // A SIGUSR1 the watcher did not take (done was already seen) must not kill us on unblock.
+  timespec zero{0, 0};
+  sigset_t wake;
+  sigemptyset(&wake);
+  sigaddset(&wake, SIGUSR1);
+  while (::sigtimedwait(&wake, nullptr, &zero) == SIGUSR1) {
+  }
   pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
 
   if (!result) {

@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +35,30 @@ CacheError no_space_error(const fs::path& dir, uint64_t bytes, const fs::path& f
       fmt::format("cache directory {}: cannot reserve {} bytes ({}) for {}: {}; free space on "
                   "that filesystem, make the cache budget fit its free space, or evict models",
                   dir.string(), bytes, human_bytes(bytes), file.filename().string(), cause)};
+}
+
+// Whether the filesystem of `dir` has room for the file and its readiness map beyond
+// what is promised to other files.
+CacheResult<void> check_free_space(const fs::path& dir, const fs::path& data_path,
+                                   CacheFileSpec spec, const CacheFilesystem& filesystem,
+                                   uint64_t promised_elsewhere) {
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) {
+    return std::unexpected(errno_error(errno, fmt::format("statvfs {}", dir.string())));
+  }
+  const uint64_t free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  auto needed = cache_allocation_bytes(spec, filesystem);
+  if (!needed) return std::unexpected(needed.error());
+  const uint64_t available = free_bytes > promised_elsewhere ? free_bytes - promised_elsewhere : 0;
+  if (*needed <= available) return {};
+  return std::unexpected(no_space_error(
+      dir, data_file_bytes(spec.size, filesystem), data_path,
+      fmt::format("with its readiness map it needs {}, the filesystem has {} free{}",
+                  human_bytes(*needed), human_bytes(free_bytes),
+                  promised_elsewhere == 0
+                      ? std::string()
+                      : fmt::format(" of which {} is promised to files still being fetched",
+                                    human_bytes(promised_elsewhere)))));
 }
 
 // An unnamed file in `dir`, linked in only once it is complete (see the header).
@@ -139,7 +164,16 @@ CacheResult<CacheFile> CacheFile::create(const fs::path& data_path, const fs::pa
   auto data_fd = open_unnamed(dir);
   if (!data_fd) return std::unexpected(data_fd.error());
   const uint64_t data_bytes = data_file_bytes(spec.size, *filesystem);
-  if (data_bytes > 0) {
+  const bool preallocate = filesystem->hugetlbfs || options.space == SpaceReservation::preallocate;
+  if (data_bytes > 0 && !preallocate) {
+    auto ok = check_free_space(dir, data_path, spec, *filesystem, options.promised_elsewhere);
+    if (!ok) return std::unexpected(ok.error());
+    if (::ftruncate(data_fd->get(), static_cast<off_t>(data_bytes)) != 0) {
+      return std::unexpected(errno_error(
+          errno, fmt::format("setting {} to {} bytes", data_path.string(), data_bytes)));
+    }
+  }
+  if (data_bytes > 0 && preallocate) {
     int rc = 0;
     do {
       rc = ::fallocate(data_fd->get(), 0, 0, static_cast<off_t>(data_bytes));
@@ -276,8 +310,9 @@ CacheResult<void> CacheFile::write_at(uint64_t offset, std::span<const std::byte
   return {};
 }
 
-CacheResult<MappedRegion> CacheFile::map_read_only() const {
-  return MappedRegion::map(data_fd_.get(), data_bytes_, /*writable=*/false, data_path_.string());
+CacheResult<MappedRegion> CacheFile::map_range_read_only(uint64_t offset, uint64_t length) const {
+  return MappedRegion::map_range_read_only(data_fd_.get(), static_cast<size_t>(offset),
+                                           static_cast<size_t>(length), data_path_.string());
 }
 
 CacheResult<UniqueFd> CacheFile::reader_data_fd() const {

@@ -1,8 +1,16 @@
 // CacheFile: one cached model file and its readiness map.
 //
-// The data file is created at its full size up front (fallocate), so a full cache
-// filesystem is reported when the file is created, not halfway through a fetch, and
-// later writes cannot fail for lack of space. Bytes are written as they arrive
+// The data file is created at its full size up front, so a full cache filesystem is
+// reported when the file is created, not halfway through a fetch. On tmpfs the size is
+// set sparse (ftruncate) after checking that the filesystem's free space, less what is
+// promised to other files not yet written, holds the file and its map: fallocate would
+// make the kernel zero every page before the fetch overwrites it (about 0.2 CPU-s per
+// GB here, a tenth of a loopback fetch's CPU) and would occupy a whole model's memory
+// for a pipeline stage that fetches a quarter of it. hugetlbfs files are fallocated
+// (huge pages must be reserved, or a write through the mapping would SIGBUS); so are
+// files created with SpaceReservation::preallocate. A write that still finds the disk
+// full (something outside the cache filled it) fails with no_space and its chunk is
+// never marked ready. Bytes are written as they arrive
 // (write_at, from any number of fetch threads at distinct offsets); the fetcher then
 // checks the chunk's digest and marks it in readiness().
 //
@@ -44,8 +52,17 @@ enum class DataWriteMode {
   mapping,
 };
 
+enum class SpaceReservation {
+  checked,      // free space checked, file sparse (hugetlbfs: preallocated regardless)
+  preallocate,  // fallocate the whole file
+};
+
 struct CacheFileOptions {
   DataWriteMode write_mode = DataWriteMode::automatic;
+  SpaceReservation space = SpaceReservation::checked;
+  // With `checked`: bytes of the filesystem's free space already promised to other
+  // sparse files not yet filled (HostCache counts them), kept out of this file's reach.
+  uint64_t promised_elsewhere = 0;
   // flock() the readiness map so a second writer fails with `locked`. HostCache turns
   // it off: it holds the lock of the whole cache root and keeps one writer per file
   // itself, and a per-file lock would race with a previous writer's destructor.
@@ -99,9 +116,9 @@ class CacheFile {
   CacheResult<UniqueFd> reader_data_fd() const;
   CacheResult<UniqueFd> reader_readiness_fd() const { return readiness_.reopen_read_only(); }
 
-  // A read-only shared mapping of the data file, for hashing bytes where they lie
-  // instead of copying them out (pread) first. Read only verified ranges through it.
-  CacheResult<MappedRegion> map_read_only() const;
+  // A read-only shared mapping of [offset, offset + length) of the data file, for hashing
+  // bytes where they lie instead of copying them out (pread) first.
+  CacheResult<MappedRegion> map_range_read_only(uint64_t offset, uint64_t length) const;
 
   int data_fd() const { return data_fd_.get(); }
   ChunkReadiness& readiness() { return readiness_; }

@@ -37,6 +37,31 @@ CacheFileOptions writer_options(const HostCacheState& state) {
   return options;
 }
 
+// Bytes a file occupies on disk now (sparse files: only what was written).
+uint64_t occupied_bytes(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+// Free space that sparse files of this cache will still take as their fetches fill them
+// (each file's budgeted allocation less what it occupies), other than `key`/`path`'s.
+// Locked. A stat per cached file: caches hold tens of files, not thousands.
+uint64_t promised_space_locked(const HostCacheState& state, std::string_view key,
+                               std::string_view path) {
+  uint64_t promised = 0;
+  const fs::path& root = state.config.root;
+  for (const auto& [model_key, model] : state.models) {
+    for (const auto& [relative, entry] : model.files) {
+      if (model_key == key && relative == path) continue;
+      const uint64_t occupied = occupied_bytes(layout::data_path(root, model_key, relative)) +
+                                occupied_bytes(layout::readiness_path(root, model_key, relative));
+      if (entry.allocated_bytes > occupied) promised += entry.allocated_bytes - occupied;
+    }
+  }
+  return promised;
+}
+
 // The one live CacheFile of an indexed, fully created file: the existing object if
 // anyone still holds it, else a fresh open.
 CacheResult<std::shared_ptr<CacheFile>> live_or_open_locked(HostCacheState& state,
@@ -346,10 +371,11 @@ CacheResult<std::shared_ptr<CacheFile>> HostCache::open_file(std::string_view ke
   const fs::path& root = state.config.root;
   CacheResult<CacheFile> created = cache_failure(CacheErrc::io_error, "not created");
   for (;;) {
+    CacheFileOptions options = writer_options(state);
+    options.promised_elsewhere = detail::promised_space_locked(state, key, relative_path);
     lock.unlock();
     created = CacheFile::create(layout::data_path(root, key, relative_path),
-                                layout::readiness_path(root, key, relative_path), spec,
-                                writer_options(state));
+                                layout::readiness_path(root, key, relative_path), spec, options);
     lock.lock();
     if (created || created.error().code != CacheErrc::no_space) break;
     // The filesystem has less room than the budget promised (it is shared, or the

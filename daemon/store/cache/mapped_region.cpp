@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 
@@ -16,6 +17,7 @@ MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
     if (addr_ != nullptr) ::munmap(addr_, size_);
     addr_ = std::exchange(other.addr_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    skip_ = std::exchange(other.skip_, 0);
   }
   return *this;
 }
@@ -31,6 +33,24 @@ CacheResult<MappedRegion> MappedRegion::map(int fd, size_t size, bool writable,
   }
   region.addr_ = addr;
   region.size_ = size;
+  return region;
+}
+
+CacheResult<MappedRegion> MappedRegion::map_range_read_only(int fd, size_t offset, size_t length,
+                                                            std::string_view what) {
+  MappedRegion region;
+  if (length == 0) return region;
+  const size_t page = static_cast<size_t>(::getpagesize());
+  const size_t skip = offset % page;
+  void* addr = ::mmap(nullptr, length + skip, PROT_READ, MAP_SHARED | MAP_POPULATE, fd,
+                      static_cast<off_t>(offset - skip));
+  if (addr == MAP_FAILED) {
+    return std::unexpected(errno_error(
+        errno, fmt::format("mmap of {} bytes {}-{}", what, offset, offset + length - 1)));
+  }
+  region.addr_ = addr;
+  region.size_ = length + skip;
+  region.skip_ = skip;
   return region;
 }
 

@@ -47,26 +47,16 @@ FillSession::~FillSession() {
   pool_.drain();
 }
 
-std::span<const std::byte> FileFill::chunk_bytes(std::uint64_t c) const {
+CacheResult<MappedRegion> FileFill::map_chunk(std::uint64_t c) const {
   const ChunkReadiness& r = readiness();
-  return std::span<const std::byte>(view.data(), view.size())
-      .subspan(static_cast<std::size_t>(r.chunk_offset(c)),
-               static_cast<std::size_t>(r.chunk_length(c)));
+  return file->map_range_read_only(r.chunk_offset(c), r.chunk_length(c));
 }
 
-std::expected<void, ModelFetchError> FillSession::add_file(FileId id, FileFillSpec spec,
-                                                           std::shared_ptr<CacheFile> file) {
-  auto view = file->map_read_only();
-  if (!view) {
-    return std::unexpected(ModelFetchError{
-        ModelFetchErrc::cache, fmt::format("{}/{}: mapping the cache file to verify it: {}", label_,
-                                           spec.path, view.error().message)});
-  }
+FileFill& FillSession::add_file(FileId id, FileFillSpec spec, std::shared_ptr<CacheFile> file) {
   auto& slot = slots_.at(id);
   slot = std::make_unique<FileFill>(id, std::move(spec), std::move(file));
-  slot->view = std::move(*view);
   counters_.files_total.fetch_add(1, std::memory_order_relaxed);
-  return {};
+  return *slot;
 }
 
 FileFill* FillSession::file(FileId id) const {
@@ -272,25 +262,40 @@ void FillSession::failed(FileId id, ByteRange range, const FetchError& error) {
 // nothing writes it again until it is requested again, so its bytes are hashed in place.
 void FillSession::verify(FileFill& f, std::uint64_t chunk) {
   if (f.failed.load()) return;
-  if (f.spec.chained) {
-    std::string actual = chained_actual(f, chunk);
-    const bool last = chunk + 1 == f.chunk_count;
-    const std::string& expected = last ? f.spec.file_sha256 : f.spec.chain_sha256[chunk];
-    if (actual != expected) return chunk_mismatch(f, chunk, expected, std::move(actual));
-  } else if (!f.spec.chunk_sha256.empty()) {
-    std::string actual = sha256_hex(f.chunk_bytes(chunk));
-    const std::string& expected = f.spec.chunk_sha256[chunk];
-    if (actual != expected) return chunk_mismatch(f, chunk, expected, std::move(actual));
+  if (f.spec.chained || !f.spec.chunk_sha256.empty()) {
+    auto mapped = f.map_chunk(chunk);
+    if (!mapped) return unreadable(f, chunk, mapped.error());
+    const std::span<const std::byte> bytes(mapped->data(), mapped->size());
+    std::string actual;
+    const std::string* expected = nullptr;
+    if (f.spec.chained) {
+      actual = chained_actual(f, chunk, bytes);
+      const bool last = chunk + 1 == f.chunk_count;
+      expected = last ? &f.spec.file_sha256 : &f.spec.chain_sha256[chunk];
+    } else {
+      actual = sha256_hex(bytes);
+      expected = &f.spec.chunk_sha256[chunk];
+    }
+    if (actual != *expected) return chunk_mismatch(f, chunk, *expected, std::move(actual));
   }
   chunk_verified(f, chunk);
 }
 
-std::string FillSession::chained_actual(const FileFill& f, std::uint64_t c) const {
+std::string FillSession::chained_actual(const FileFill& f, std::uint64_t c,
+                                        std::span<const std::byte> bytes) const {
   const std::string_view before = c == 0 ? std::string_view() : f.spec.chain_sha256[c - 1];
   // The states were checked as 64 hex digits when the manifest was parsed.
-  return sha256_chain_step(before, f.readiness().chunk_offset(c), f.chunk_bytes(c),
-                           c + 1 == f.chunk_count)
+  return sha256_chain_step(before, f.readiness().chunk_offset(c), bytes, c + 1 == f.chunk_count)
       .value_or(std::string());
+}
+
+void FillSession::unreadable(FileFill& f, std::uint64_t c, const CacheError& error) {
+  fail_file(f,
+            ModelFetchError{ModelFetchErrc::cache,
+                            fmt::format("{}: mapping chunk {} of the cache file {} to verify it: "
+                                        "{}",
+                                        where(f), c, f.file->data_path().string(), error.message)},
+            "a chunk could not be read back from the cache to verify it");
 }
 
 void FillSession::chunk_mismatch(FileFill& f, std::uint64_t chunk, std::string expected,
@@ -376,19 +381,28 @@ void FillSession::advance_digest(FileFill& f) {
   if (!f.digest_mutex.try_lock()) return;
   for (;;) {
     const std::uint64_t seen = f.digest_requests.load(std::memory_order_acquire);
-    digest_ready_chunks(f);
+    auto ok = digest_ready_chunks(f);
     f.digest_mutex.unlock();
+    if (!ok) return fail_file(f, ok.error(), "reading the file back for its sha256 failed");
     if (f.digest_requests.load(std::memory_order_acquire) == seen) return;
     if (!f.digest_mutex.try_lock()) return;
   }
 }
 
-void FillSession::digest_ready_chunks(FileFill& f) {
+std::expected<void, ModelFetchError> FillSession::digest_ready_chunks(FileFill& f) {
   const ChunkReadiness& readiness = f.readiness();
   while (f.digest_next < f.chunk_count && readiness.chunk_verified(f.digest_next)) {
-    f.digest->update(f.chunk_bytes(f.digest_next));
+    auto mapped = f.map_chunk(f.digest_next);
+    if (!mapped) {
+      return std::unexpected(ModelFetchError{
+          ModelFetchErrc::cache,
+          fmt::format("{}: mapping chunk {} of {} for the file's sha256: {}", where(f),
+                      f.digest_next, f.file->data_path().string(), mapped.error().message)});
+    }
+    f.digest->update(std::span<const std::byte>(mapped->data(), mapped->size()));
     ++f.digest_next;
   }
+  return {};
 }
 
 std::expected<std::string, ModelFetchError> FillSession::whole_file_sha256(FileId id) {
@@ -398,7 +412,7 @@ std::expected<std::string, ModelFetchError> FillSession::whole_file_sha256(FileI
                                            fmt::format("{}: no whole-file digest kept", where(f))});
   }
   std::lock_guard lock(f.digest_mutex);
-  digest_ready_chunks(f);
+  if (auto ok = digest_ready_chunks(f); !ok) return std::unexpected(ok.error());
   if (f.digest_next != f.chunk_count) {
     return std::unexpected(ModelFetchError{
         ModelFetchErrc::invalid_argument,

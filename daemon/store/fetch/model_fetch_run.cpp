@@ -265,7 +265,7 @@ std::expected<void, ModelFetchError> ModelFetch::Run::open_target(FileId id) {
   }
   spec.digest_whole_file = target.sha256 && !target.complete_at_start && !spec.chained &&
                            (opt_.verify_whole_file || spec.chunk_sha256.empty());
-  if (auto ok = session_->add_file(id, std::move(spec), std::move(*file)); !ok) return ok;
+  session_->add_file(id, std::move(spec), std::move(*file));
   targets_[id] = std::move(target);
   return {};
 }

@@ -39,8 +39,8 @@ TEST(CacheFile, CreatesDataAtFullSizeWithAFillingMap) {
   struct stat st {};
   ASSERT_EQ(::stat(data.c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 1 << 20);
-  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, uint64_t{1} << 20)
-      << "space reserved up front (fallocate), not a sparse file";
+  // Sparse by default: space is checked, not zero-filled (see cache_file.hpp).
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, uint64_t{1} << 20);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_TRUE(fs::exists(map));
   EXPECT_EQ(file->size(), uint64_t{1} << 20);
@@ -66,6 +66,39 @@ void write_and_check(DataWriteMode mode) {
   ASSERT_FALSE(past);
   EXPECT_EQ(past.error().code, CacheErrc::invalid_argument);
   EXPECT_TRUE(file->write_at(100000, {}));
+}
+
+TEST(CacheFile, PreallocateReservesTheWholeFile) {
+  TempDir dir;
+  const fs::path data = dir.path() / "model.safetensors";
+  CacheFileOptions options;
+  options.space = SpaceReservation::preallocate;
+  auto file = CacheFile::create(data, dir.path() / "map", CacheFileSpec{1 << 20, 1 << 16}, options);
+  ASSERT_TRUE(file) << file.error().message;
+  struct stat st {};
+  ASSERT_EQ(::stat(data.c_str(), &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, uint64_t{1} << 20);
+}
+
+TEST(CacheFile, SpacePromisedToOtherFilesIsNotOffered) {
+  const std::string result = on_tiny_tmpfs("1m", [](const fs::path& root) -> std::string {
+    CacheFileOptions options;
+    options.promised_elsewhere = 768 << 10;  // 768 KiB of the 1 MiB owed to other fetches
+    auto file =
+        CacheFile::create(root / "f", root / "f.ready", CacheFileSpec{512 << 10, 4096}, options);
+    if (file) return "created a file into space promised to others";
+    if (file.error().code != CacheErrc::no_space) return "wrong code: " + file.error().message;
+    if (file.error().message.find("promised") == std::string::npos) {
+      return "message does not say why: " + file.error().message;
+    }
+    options.promised_elsewhere = 0;
+    auto fits =
+        CacheFile::create(root / "f", root / "f.ready", CacheFileSpec{512 << 10, 4096}, options);
+    if (!fits) return "without the promise it should fit: " + fits.error().message;
+    return "ok";
+  });
+  if (result.rfind("SKIP:", 0) == 0) GTEST_SKIP() << result;
+  EXPECT_EQ(result, "ok");
 }
 
 TEST(CacheFile, WritesWithPwrite) {

@@ -3,6 +3,8 @@
 // permanent faults and exhausted retries fail loudly; cancellation and sink errors.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <fmt/format.h>
 
 #include "daemon/store/registry/range_fetcher.hpp"
@@ -197,6 +199,13 @@ TEST_F(FetcherFaultTest, SinkErrorIsPermanent) {
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_EQ(failures[0].code, FetchErrc::sink);
   EXPECT_NE(failures[0].message.find("disk full"), std::string::npos);
+  // The server records a request once its send ends, which for a transfer the client
+  // dropped can be after the fetcher is idle: give it a moment, then expect no retry.
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (server_.requests().empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  std::this_thread::sleep_for(50ms);
   EXPECT_EQ(server_.requests().size(), 1u);
 }
 
