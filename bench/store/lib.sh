@@ -18,6 +18,10 @@ STATS="/usr/bin/python3 $BENCH_DIR/stats.py"
 # vocabulary is chosen so the token embedding is as large relative to one layer as in
 # Llama-2-7B (V / (L*d) ~ 0.24); see bench/store/README.md.
 GENMODEL_ARGS=(--size custom --layers 32 --embd 1152 --heads 18 --vocab 9000 --shard-size 500MB)
+# Chunk digests of 1 MiB (chained sha256): a stage of this 2 GB model then fetches at most
+# ~2 MiB more than its layers per shard boundary instead of ~8 MiB with 4 MiB chunks.
+PUBLISH_CHUNK=1MiB
+PUBLISH_CHUNK_BYTES=1048576
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -91,9 +95,16 @@ ensure_model() {
     mkdir -p "$MODEL_DIR"
     "$(find_genmodel)" "${GENMODEL_ARGS[@]}" --out "$MODEL_DIR" --force --quiet >/dev/null
   fi
-  if [[ ! -f $MODEL_DIR/thaw-manifest.json ]]; then
-    log "publishing (thaw-fetch publish) — computes digests once"
-    "$fetch" publish "$MODEL_DIR" >&2
+  # (Re)publish when there is no manifest, or one of another chunk size or without chained
+  # digests (written by an older thaw-fetch).
+  if ! /usr/bin/python3 - "$MODEL_DIR/thaw-manifest.json" "$PUBLISH_CHUNK_BYTES" <<'PY' 2>/dev/null; then
+import json, sys
+files = json.load(open(sys.argv[1]))["files"]
+ok = all(f.get("chunk_size") == int(sys.argv[2]) and "chunk_chain_sha256" in f for f in files)
+sys.exit(0 if ok else 1)
+PY
+    log "publishing (thaw-fetch publish --chunk-size $PUBLISH_CHUNK) — computes digests once"
+    "$fetch" publish --chunk-size "$PUBLISH_CHUNK" "$MODEL_DIR" >&2
     [[ -f $MODEL_DIR/thaw-manifest.json ]] || die "thaw-fetch publish wrote no $MODEL_DIR/thaw-manifest.json"
   fi
   MODEL_FILES=()
@@ -295,7 +306,7 @@ run_curl() {
 }
 
 # run_contender WHO ROUND NETNS REGISTRY: one fetch of the whole model by WHO (thaw,
-# thaw-chunks, aria2c or curl) into a fresh directory under CACHE_ROOT; the first round is byte-compared with
+# aria2c or curl) into a fresh directory under CACHE_ROOT; the first round is byte-compared with
 # the registry's files; appends the run to RESULTS.
 run_contender() {
   local who=$1 round=$2 netns=$3 registry=$4 dir="$CACHE_ROOT/$1"
@@ -304,10 +315,6 @@ run_contender() {
   case $who in
     thaw)
       run_thaw "$netns" "$registry" "$dir"
-      extra=$(compact_json <<<"$THAW_JSON")
-      ;;
-    thaw-chunks)  # per-chunk sha256 only, no whole-file sha256 on top
-      run_thaw "$netns" "$registry" "$dir" --no-file-sha256
       extra=$(compact_json <<<"$THAW_JSON")
       ;;
     aria2c) run_aria2c "$netns" "$registry/$MODEL_NAME" "$dir" ;;

@@ -33,6 +33,7 @@ struct FetchArgs {
 struct PublishArgs {
   std::string dir;
   std::uint64_t chunk_size = 4ull << 20;
+  bool plain_chunk_digests = false;
   bool json = false;
   bool quiet = false;
 };

@@ -11,6 +11,7 @@ namespace thaw::fetch_cli {
 int run_publish(const PublishArgs& args) {
   store::PublishOptions options;
   options.chunk_size = args.chunk_size;
+  options.chain = !args.plain_chunk_digests;
   if (!args.quiet && !args.json) {
     options.on_file = [](const std::string& path, std::uint64_t size) {
       fmt::print(stderr, "  {} ({})\n", path, format_bytes(static_cast<double>(size)));

@@ -28,14 +28,14 @@ std::unexpected<PublishError> failure(std::string message) {
 // One pass over the file: the whole-file digest, one digest per chunk, and (when the chunk
 // size allows it) the chaining states that let a fetch check both in one pass.
 std::expected<ManifestFile, PublishError> hash_file(const fs::path& path, std::string relative,
-                                                    std::uint64_t chunk_size,
+                                                    std::uint64_t chunk_size, bool chain,
                                                     std::vector<std::byte>& buffer) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return failure(fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno)));
   ManifestFile file;
   file.path = std::move(relative);
   file.chunk_size = chunk_size;
-  const bool chained = chunk_size % kSha256BlockBytes == 0;
+  const bool chained = chain && chunk_size % kSha256BlockBytes == 0;
   Sha256ChainBuilder whole(chained ? chunk_size : kSha256BlockBytes);
   Sha256 chunk;
   std::uint64_t in_chunk = 0;
@@ -49,18 +49,21 @@ std::expected<ManifestFile, PublishError> hash_file(const fs::path& path, std::s
     if (n == 0) break;
     const auto bytes = std::span(buffer).first(static_cast<std::size_t>(n));
     whole.update(bytes);
-    chunk.update(bytes);
+    if (!chained) chunk.update(bytes);
     file.size += static_cast<std::uint64_t>(n);
     in_chunk += static_cast<std::uint64_t>(n);
     if (in_chunk == chunk_size) {
-      file.chunk_sha256.push_back(chunk.hex_digest());
+      if (!chained) file.chunk_sha256.push_back(chunk.hex_digest());
       in_chunk = 0;
     }
   }
-  if (in_chunk > 0) file.chunk_sha256.push_back(chunk.hex_digest());
+  if (in_chunk > 0 && !chained) file.chunk_sha256.push_back(chunk.hex_digest());
   auto result = whole.finish();
   file.sha256 = std::move(result.sha256);
-  if (chained) file.chunk_chain_sha256 = std::move(result.chain);
+  if (chained) {
+    file.chained = true;
+    file.chunk_chain_sha256 = std::move(result.chain);
+  }
   return file;
 }
 
@@ -98,7 +101,7 @@ std::expected<Manifest, PublishError> make_manifest(const fs::path& dir,
   std::vector<std::byte> buffer(static_cast<std::size_t>(
       std::min<std::uint64_t>(options.chunk_size, std::uint64_t{4} << 20)));
   for (auto& [relative, path] : files) {
-    auto file = hash_file(path, relative, options.chunk_size, buffer);
+    auto file = hash_file(path, relative, options.chunk_size, options.chain, buffer);
     if (!file) return std::unexpected(file.error());
     if (options.on_file) options.on_file(file->path, file->size);
     manifest.files.push_back(std::move(*file));

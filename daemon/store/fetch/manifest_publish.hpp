@@ -1,7 +1,8 @@
 // Publishing a model to a registry: writing its thaw-manifest.json (registry/manifest.hpp
 // has the format) — every file with its size, sha256 (what Hugging Face calls the LFS
-// oid) and one sha256 per chunk, so a fetch can verify each chunk as it lands and a
-// consumer never sees a byte that failed verification.
+// oid) and a digest per chunk (the SHA-256 chaining state after it, or the chunk's own
+// sha256), so a fetch can verify each chunk as it lands and a consumer never sees a byte
+// that failed verification.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,11 @@ namespace thaw::store {
 
 struct PublishOptions {
   std::uint64_t chunk_size = kDefaultChunkBytes;  // > 0
+  // Publish SHA-256 chaining states (chunk_chain_sha256) when the chunk size is a multiple
+  // of 64, instead of one sha256 per chunk: a fetch then checks every chunk and the file's
+  // sha256 in one pass, and the manifest holds one digest per chunk, not two. false (or a
+  // chunk size that is not a multiple of 64): plain chunk_sha256.
+  bool chain = true;
   // Told after each file is hashed (path relative to the directory, its size).
   std::function<void(const std::string& path, std::uint64_t size)> on_file;
 };

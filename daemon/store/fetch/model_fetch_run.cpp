@@ -256,9 +256,8 @@ std::expected<void, ModelFetchError> ModelFetch::Run::open_target(FileId id) {
   if (chunked) spec.chunk_sha256 = mf->chunk_sha256;
   // Chained states check every chunk and the whole file in one pass; the manifest parser
   // made sure they come with the file's sha256 and a chunk size that allows them.
-  // (A one-chunk file needs no state: its chunk must hash to the file's sha256.)
-  spec.chained =
-      chunked && mf->sha256 && mf->chunk_chain_sha256.size() + 1 == readiness.chunk_count();
+  spec.chained = chunked && mf->chained && mf->sha256 &&
+                 mf->chunk_chain_sha256.size() + 1 == readiness.chunk_count();
   if (spec.chained) {
     spec.chain_sha256 = mf->chunk_chain_sha256;
     spec.file_sha256 = *mf->sha256;

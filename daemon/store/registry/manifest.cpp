@@ -79,6 +79,7 @@ std::expected<ManifestFile, RegistryError> parse_file(const nlohmann::json& entr
     if (!chain->is_array()) {
       return std::unexpected(where("\"chunk_chain_sha256\" is not an array"));
     }
+    file.chained = true;
     for (const auto& item : *chain) {
       auto state = item.is_string() ? normalise_sha256(item.get<std::string>()) : std::nullopt;
       if (!state) {
@@ -103,7 +104,7 @@ std::expected<ManifestFile, RegistryError> parse_file(const nlohmann::json& entr
   }
   // Chaining states alone are enough to verify chunks; plain chunk digests, when given,
   // must cover every chunk.
-  if (!file.chunk_sha256.empty() || (file.chunk_size != 0 && file.chunk_chain_sha256.empty())) {
+  if (!file.chunk_sha256.empty() || (file.chunk_size != 0 && !file.chained)) {
     if (file.chunk_size == 0) return std::unexpected(where("chunk_sha256 without a chunk_size"));
     std::uint64_t expected = file.size / file.chunk_size + (file.size % file.chunk_size != 0);
     if (file.chunk_sha256.size() != expected) {
@@ -161,7 +162,7 @@ nlohmann::json manifest_to_json(const Manifest& manifest) {
       entry["chunk_size"] = file.chunk_size;
       entry["chunk_sha256"] = file.chunk_sha256;
     }
-    if (!file.chunk_chain_sha256.empty()) entry["chunk_chain_sha256"] = file.chunk_chain_sha256;
+    if (file.chained) entry["chunk_chain_sha256"] = file.chunk_chain_sha256;
     files.push_back(std::move(entry));
   }
   doc["files"] = std::move(files);

@@ -30,8 +30,10 @@ struct ManifestFile {
   std::optional<std::string> sha256;      // whole file, lowercase hex
   std::uint64_t chunk_size = 0;           // 0: no chunk digests
   std::vector<std::string> chunk_sha256;  // ceil(size / chunk_size) entries, lowercase hex
+  // Chained digests published (the key is present, even as [] for a one-chunk file):
   // ceil(size / chunk_size) - 1 chaining states; only with sha256 and a chunk_size that
-  // is a multiple of 64. Empty: none published.
+  // is a multiple of 64.
+  bool chained = false;
   std::vector<std::string> chunk_chain_sha256;
   nlohmann::json extra = nlohmann::json::object();  // fields not listed above
 };

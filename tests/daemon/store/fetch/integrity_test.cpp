@@ -93,10 +93,9 @@ PublishOptions test_chunks() {
 }
 
 void drop_chain_from_manifest(const fs::path& model_dir) {
-  auto manifest = make_manifest(model_dir, test_chunks());
-  ASSERT_TRUE(manifest);
-  for (ManifestFile& f : manifest->files) f.chunk_chain_sha256.clear();
-  std::ofstream(model_dir / kManifestName) << manifest_to_json(*manifest).dump();
+  PublishOptions options = test_chunks();
+  options.chain = false;
+  ASSERT_TRUE(publish_manifest(model_dir, options));
 }
 
 class IntegrityTest : public ::testing::TestWithParam<bool> {};  // param: chained manifest
@@ -244,6 +243,7 @@ TEST(IntegrityTest, WithoutChunkDigestsTheWholeFileDigestCatchesIt) {
   for (ManifestFile& f : manifest->files) {
     f.chunk_size = 0;
     f.chunk_sha256.clear();
+    f.chained = false;
     f.chunk_chain_sha256.clear();
   }
   std::ofstream(fixture.model_dir() / kManifestName) << manifest_to_json(*manifest).dump();

@@ -97,7 +97,9 @@ TEST(ManifestPublishTest, ChainedStatesWhenTheChunkSizeIsAMultipleOf64) {
   auto manifest = make_manifest(dir.path(), options);
   ASSERT_TRUE(manifest);
   const ManifestFile& f = manifest->files[0];
+  ASSERT_TRUE(f.chained);
   ASSERT_EQ(f.chunk_chain_sha256.size(), 3u);  // 4 chunks: a state after each but the last
+  EXPECT_TRUE(f.chunk_sha256.empty());         // one digest per chunk, not two
   // Each published state, with the next chunk's bytes, leads to the next one; the last
   // chunk leads to the file's sha256.
   for (std::size_t c = 0; c < 4; ++c) {
@@ -110,8 +112,27 @@ TEST(ManifestPublishTest, ChainedStatesWhenTheChunkSizeIsAMultipleOf64) {
   options.chunk_size = 6401;  // not a multiple of 64: plain chunk digests only
   auto plain = make_manifest(dir.path(), options);
   ASSERT_TRUE(plain);
-  EXPECT_TRUE(plain->files[0].chunk_chain_sha256.empty());
+  EXPECT_FALSE(plain->files[0].chained);
   EXPECT_EQ(plain->files[0].chunk_sha256.size(), 4u);
+  options.chunk_size = 6400;
+  options.chain = false;  // asked for plain digests
+  auto unchained = make_manifest(dir.path(), options);
+  ASSERT_TRUE(unchained);
+  EXPECT_FALSE(unchained->files[0].chained);
+  EXPECT_EQ(unchained->files[0].chunk_sha256.size(), 4u);
+}
+
+TEST(ManifestPublishTest, OneChunkFileIsChainedWithNoStates) {
+  TempDir dir;
+  write_file(dir.path() / "config.json", make_bytes(100, 9));
+  PublishOptions options;
+  options.chunk_size = 6400;
+  auto manifest = make_manifest(dir.path(), options);
+  ASSERT_TRUE(manifest);
+  auto parsed = parse_manifest(manifest_to_json(*manifest).dump(), "round trip");
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_TRUE(parsed->files[0].chained);
+  EXPECT_TRUE(parsed->files[0].chunk_chain_sha256.empty());
 }
 
 TEST(ManifestPublishTest, BadInputsAreNamed) {
