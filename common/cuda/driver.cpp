@@ -43,6 +43,8 @@ namespace thaw::cuda {
   X(cuMemcpyDtoHAsync, v3020)               \
   X(cuMemsetD8, v3020)                      \
   X(cuStreamCreate, v2000)                  \
+  X(cuStreamCreateWithPriority, v5050)      \
+  X(cuCtxGetStreamPriorityRange, v5050)     \
   X(cuStreamDestroy, v4000)                 \
   X(cuStreamSynchronize, v2000)             \
   X(cuEventCreate, v2000)                   \
@@ -353,6 +355,19 @@ std::expected<CUstream, CudaError> Driver::stream_create(unsigned int flags) con
   CUstream stream = nullptr;
   CUresult rc = fn_->cuStreamCreate_(&stream, flags);
   return value_or_error(*this, rc, "cuStreamCreate", stream);
+}
+
+std::expected<CUstream, CudaError> Driver::stream_create_with_priority(unsigned int flags,
+                                                                       int priority) const {
+  CUstream stream = nullptr;
+  CUresult rc = fn_->cuStreamCreateWithPriority_(&stream, flags, priority);
+  return value_or_error(*this, rc, "cuStreamCreateWithPriority", stream);
+}
+
+std::expected<StreamPriorityRange, CudaError> Driver::stream_priority_range() const {
+  StreamPriorityRange range;
+  CUresult rc = fn_->cuCtxGetStreamPriorityRange_(&range.least, &range.greatest);
+  return value_or_error(*this, rc, "cuCtxGetStreamPriorityRange", range);
 }
 
 std::expected<void, CudaError> Driver::stream_destroy(CUstream stream) const {

@@ -35,6 +35,12 @@ inline constexpr const char* kLibcudaEnv = "THAW_LIBCUDA";
 // What is loaded when neither a path nor $THAW_LIBCUDA is given: the driver's SONAME.
 inline constexpr const char* kDefaultLibcuda = "libcuda.so.1";
 
+// cuCtxGetStreamPriorityRange: lower numbers are higher priorities (greatest <= least).
+struct StreamPriorityRange {
+  int least = 0;
+  int greatest = 0;
+};
+
 struct MemInfo {
   size_t free = 0;
   size_t total = 0;
@@ -105,6 +111,10 @@ class Driver {
 
   // Streams and events.
   std::expected<CUstream, CudaError> stream_create(unsigned int flags = CU_STREAM_DEFAULT) const;
+  // Priority between stream_priority_range()'s greatest and least (the current context's).
+  std::expected<CUstream, CudaError> stream_create_with_priority(unsigned int flags,
+                                                                 int priority) const;
+  std::expected<StreamPriorityRange, CudaError> stream_priority_range() const;
   std::expected<void, CudaError> stream_destroy(CUstream stream) const;
   std::expected<void, CudaError> stream_synchronize(CUstream stream) const;
   std::expected<CUevent, CudaError> event_create(unsigned int flags = CU_EVENT_DEFAULT) const;

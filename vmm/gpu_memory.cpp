@@ -1,0 +1,858 @@
+#include "vmm/gpu_memory.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+
+namespace thaw::vmm {
+
+using SteadyClock = std::chrono::steady_clock;
+
+std::string_view to_string(SlotState state) {
+  switch (state) {
+    case SlotState::empty:
+      return "empty";
+    case SlotState::loading:
+      return "loading";
+    case SlotState::prewarmed:
+      return "prewarmed";
+    case SlotState::active:
+      return "active";
+    case SlotState::draining:
+      return "draining";
+    case SlotState::evicting:
+      return "evicting";
+  }
+  return "unknown";
+}
+
+struct GpuMemory::Slot {
+  std::unique_ptr<PrewarmSlot> va;
+  std::string model;
+  SlotState state = SlotState::empty;
+  std::uint64_t weight_bytes = 0;
+  std::uint64_t loaded_bytes = 0;
+  int layers_resident = -1;
+  std::uint64_t prewarmed_at = 0;
+  // Active slot: KV pages are mapped from kv_first_page() up to kv_next.
+  std::uint64_t kv_target_bytes = 0;
+  std::size_t kv_next = 0;
+  bool kv_done = true;
+  std::optional<VmmError> kv_error;
+  // Pages lent to this slot by the active one and not mapped yet.
+  std::vector<PageId> lent_unused;
+};
+
+namespace {
+
+std::size_t pages_for(std::uint64_t bytes, std::size_t page) {
+  return static_cast<std::size_t>((bytes + page - 1) / page);
+}
+
+}  // namespace
+
+VmmResult<std::unique_ptr<GpuMemory>> GpuMemory::create(std::shared_ptr<const cuda::Driver> driver,
+                                                        GpuMemoryConfig config) {
+  if (auto ok = driver->init(); !ok) return std::unexpected(driver_error(ok.error(), "cuInit"));
+  auto device = driver->device_get(config.ordinal);
+  if (!device) {
+    return std::unexpected(driver_error(device.error(), fmt::format("GPU {}", config.ordinal)));
+  }
+  auto context = driver->primary_ctx_retain(*device);
+  if (!context) {
+    return std::unexpected(
+        driver_error(context.error(), fmt::format("GPU {}: primary context", config.ordinal)));
+  }
+  std::unique_ptr<GpuMemory> gpu(new GpuMemory(driver, *device, *context));
+  gpu->max_slots_ = config.max_slots;
+  if (auto ok = gpu->make_current(); !ok) return std::unexpected(ok.error());
+  std::uint64_t pool_bytes = config.pool_bytes;
+  if (pool_bytes == 0) {
+    auto total = driver->device_total_mem(*device);
+    if (!total) return std::unexpected(driver_error(total.error(), "device memory size"));
+    pool_bytes = static_cast<std::uint64_t>(static_cast<double>(*total) * config.pool_share);
+  }
+  auto pool = PagePool::create(driver, *device, pool_bytes);
+  if (!pool) return std::unexpected(pool.error());
+  gpu->pool_ = std::move(*pool);
+  auto range = driver->stream_priority_range();
+  if (!range) return std::unexpected(driver_error(range.error(), "stream priorities"));
+  // Least priority: prewarm copies yield to the active engine's work on the same GPU.
+  auto stream = driver->stream_create_with_priority(CU_STREAM_NON_BLOCKING, range->least);
+  if (!stream) return std::unexpected(driver_error(stream.error(), "prewarm stream"));
+  gpu->stream_ = *stream;
+  gpu->worker_ = std::thread([g = gpu.get()] { g->worker_loop(); });
+  return gpu;
+}
+
+GpuMemory::GpuMemory(std::shared_ptr<const cuda::Driver> driver, CUdevice device, CUcontext context)
+    : driver_(std::move(driver)), device_(device), context_(context) {}
+
+GpuMemory::~GpuMemory() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  (void)make_current();
+  {
+    std::lock_guard lock(mutex_);
+    // A failed unmap is tried again (twice) before the slot's own destructor, which
+    // unmaps what is left, so one transient driver error does not leak a mapping.
+    for (auto& [id, s] : slots_) {
+      for (int attempt = 0; attempt < 3 && !unmap_all_locked(*s, false); ++attempt) {
+      }
+    }
+    slots_.clear();
+  }
+  if (stream_ != nullptr) (void)driver_->stream_destroy(stream_);
+  pool_.reset();
+  (void)driver_->primary_ctx_release(device_);
+}
+
+VmmResult<void> GpuMemory::make_current() const {
+  if (auto ok = driver_->ctx_set_current(context_); !ok) {
+    return std::unexpected(driver_error(ok.error(), "making the GPU's context current"));
+  }
+  return {};
+}
+
+GpuMemory::Slot* GpuMemory::find_locked(SlotId id) const {
+  auto it = slots_.find(id);
+  return it == slots_.end() ? nullptr : it->second.get();
+}
+
+VmmResult<GpuMemory::Slot*> GpuMemory::require_locked(SlotId id) const {
+  if (Slot* s = find_locked(id)) return s;
+  return vmm_failure(VmmErrc::unknown_slot,
+                     fmt::format("no prewarm slot {} on this GPU; list them with slots()", id));
+}
+
+std::size_t GpuMemory::kv_first_page(const Slot& s) const {
+  return pages_for(s.weight_bytes, pool_->page_bytes());
+}
+
+bool GpuMemory::pinned_locked(const Slot& s) const {
+  SlotId id = s.va->id();
+  for (const auto& [token, pages] : exports_) {
+    for (const auto& [slot, page] : pages) {
+      if (slot == id) return true;
+    }
+  }
+  return false;
+}
+
+// --- slots -----------------------------------------------------------------------------
+
+VmmResult<SlotId> GpuMemory::create_slot(std::string model) {
+  std::lock_guard lock(mutex_);
+  if (slots_.size() >= max_slots_) {
+    return vmm_failure(VmmErrc::invalid_argument,
+                       fmt::format("GPU already has {} prewarm slots (the maximum); destroy an "
+                                   "empty one first",
+                                   slots_.size()));
+  }
+  const SlotId id = next_slot_++;
+  auto va = PrewarmSlot::create(driver_, device_, id, pool_->page_count(), pool_->page_bytes());
+  if (!va) return std::unexpected(va.error());
+  auto s = std::make_unique<Slot>();
+  s->va = std::move(*va);
+  s->model = std::move(model);
+  slots_.emplace(id, std::move(s));
+  return id;
+}
+
+VmmResult<void> GpuMemory::destroy_slot(SlotId id) {
+  std::lock_guard lock(mutex_);
+  auto s = require_locked(id);
+  if (!s) return std::unexpected(s.error());
+  if ((*s)->state != SlotState::empty || pinned_locked(**s)) {
+    return vmm_failure(
+        VmmErrc::bad_state,
+        fmt::format("slot {} is {}; evict it before destroying it", id, to_string((*s)->state)));
+  }
+  // An empty slot may still hold pages whose unmap failed earlier (or lent ones not yet
+  // used): give them back now, or refuse.
+  if (auto ok = make_current(); !ok) return std::unexpected(ok.error());
+  if (auto ok = unmap_all_locked(**s, false); !ok) return std::unexpected(ok.error());
+  slots_.erase(id);
+  return {};
+}
+
+// --- prewarm -----------------------------------------------------------------------------
+
+namespace {
+
+struct CopyRun {
+  std::uint64_t slot_offset;
+  const std::string* file;
+  std::uint64_t file_offset;
+  std::uint64_t bytes;
+};
+
+// The layout's bytes in [begin, end) as copies, adjacent pieces of one file merged when
+// they are contiguous in both the file and the slot.
+std::vector<CopyRun> copy_runs(const WeightLayout& layout, std::uint64_t begin, std::uint64_t end) {
+  std::vector<CopyRun> runs;
+  for (const LayoutPiece& p : layout.pieces()) {
+    const std::uint64_t lo = std::max(p.slot_offset, begin);
+    const std::uint64_t hi = std::min(p.slot_end(), end);
+    if (lo >= hi) continue;
+    const std::uint64_t file_offset = p.file_offset + (lo - p.slot_offset);
+    if (!runs.empty()) {
+      CopyRun& last = runs.back();
+      if (*last.file == p.file && last.slot_offset + last.bytes == lo &&
+          last.file_offset + last.bytes == file_offset) {
+        last.bytes += hi - lo;
+        continue;
+      }
+    }
+    runs.push_back(CopyRun{lo, &p.file, file_offset, hi - lo});
+  }
+  return runs;
+}
+
+}  // namespace
+
+VmmResult<PrewarmReport> GpuMemory::prewarm(SlotId id, const WeightLayout& layout,
+                                            WeightSource& source, const PrewarmOptions& options) {
+  const auto t0 = SteadyClock::now();
+  if (auto ok = make_current(); !ok) return std::unexpected(ok.error());
+  const std::size_t page = pool_->page_bytes();
+  Slot* s = nullptr;
+  SlotState before{};
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  {
+    std::lock_guard lock(mutex_);
+    auto found = require_locked(id);
+    if (!found) return std::unexpected(found.error());
+    s = *found;
+    if (s->state != SlotState::empty && s->state != SlotState::prewarmed &&
+        s->state != SlotState::active) {
+      return vmm_failure(VmmErrc::bad_state,
+                         fmt::format("slot {} ({}) is {}; prewarm needs it empty, prewarmed or "
+                                     "active",
+                                     id, s->model, to_string(s->state)));
+    }
+    if (layout.extent() == 0) {
+      return vmm_failure(VmmErrc::invalid_argument,
+                         fmt::format("slot {}: the layout holds no bytes", id));
+    }
+    if (s->weight_bytes != 0 && s->weight_bytes != layout.extent()) {
+      return vmm_failure(
+          VmmErrc::invalid_argument,
+          fmt::format("slot {} holds a layout of {} bytes, this one has {}; evict the slot "
+                      "before prewarming another layout into it",
+                      id, s->weight_bytes, layout.extent()));
+    }
+    if (pages_for(layout.extent(), page) > s->va->page_count()) {
+      return vmm_failure(VmmErrc::invalid_argument,
+                         fmt::format("slot {}: {} bytes of weights do not fit the GPU's pool of "
+                                     "{} bytes",
+                                     id, layout.extent(), s->va->page_count() * page));
+    }
+    end = options.layers ? layout.prefix_for_layers(*options.layers) : layout.extent();
+    begin = s->loaded_bytes;
+    if (end <= begin) return PrewarmReport{};
+    before = s->state;
+    if (before != SlotState::active) s->state = SlotState::loading;
+    s->weight_bytes = layout.extent();
+  }
+
+  PrewarmReport report;
+  std::vector<std::size_t> mapped_now;  // slot pages this call mapped (undone on failure)
+  auto fail = [&](VmmError error) -> VmmResult<PrewarmReport> {
+    (void)driver_->stream_synchronize(stream_);
+    std::lock_guard lock(mutex_);
+    for (auto it = mapped_now.rbegin(); it != mapped_now.rend(); ++it) {
+      auto p = s->va->unmap(*it);
+      if (!p) continue;  // stays mapped and owned: still consistent
+      if (pool_->owner(*p).use == PageUse::lent) {
+        s->lent_unused.push_back(*p);
+      } else {
+        pool_->release(std::span(&*p, 1));
+      }
+    }
+    s->state = before;
+    // A page whose unmap failed stays mapped in the weights region, so the region keeps
+    // its size until nothing is mapped there.
+    if (s->loaded_bytes == 0 && s->va->mapped_count() == 0) s->weight_bytes = 0;
+    changed_.notify_all();
+    return std::unexpected(std::move(error));
+  };
+
+  // Maps every slot page below `until` not mapped yet: lent pages first, then free ones.
+  std::size_t next_page = static_cast<std::size_t>(begin / page);
+  auto map_until = [&](std::uint64_t until) -> VmmResult<void> {
+    for (; static_cast<std::uint64_t>(next_page) * page < until; ++next_page) {
+      std::lock_guard lock(mutex_);
+      if (s->va->page_at(next_page)) continue;
+      PageId p = 0;
+      bool lent = !s->lent_unused.empty();
+      if (lent) {
+        p = s->lent_unused.back();
+        s->lent_unused.pop_back();
+      } else {
+        auto taken = pool_->take(1, PageOwner{PageUse::weights, id});
+        if (!taken) return std::unexpected(taken.error());
+        p = taken->front();
+      }
+      if (auto ok = s->va->map(next_page, p, pool_->handle(p)); !ok) {
+        if (lent) {
+          s->lent_unused.push_back(p);
+        } else {
+          pool_->release(std::span(&p, 1));
+        }
+        return std::unexpected(ok.error());
+      }
+      mapped_now.push_back(next_page);
+      ++report.pages_mapped;
+    }
+    return {};
+  };
+
+  const std::vector<CopyRun> runs = copy_runs(layout, begin, end);
+  const std::uint64_t total = [&] {
+    std::uint64_t t = 0;
+    for (const auto& r : runs) t += r.bytes;
+    return t;
+  }();
+  for (const CopyRun& run : runs) {
+    // The pages under this run are mapped while the previous runs' copies are still in
+    // flight on the stream: page-table work overlaps the transfer.
+    if (auto ok = map_until(run.slot_offset + run.bytes); !ok) return fail(ok.error());
+    auto src = source.wait_bytes(*run.file, run.file_offset, run.bytes);
+    if (!src) return fail(src.error());
+    if (auto ok =
+            driver_->memcpy_htod_async(s->va->base() + run.slot_offset, *src, run.bytes, stream_);
+        !ok) {
+      return fail(driver_error(ok.error(), fmt::format("slot {}: copying {} bytes {}+{}", id,
+                                                       *run.file, run.file_offset, run.bytes)));
+    }
+    ++report.copies;
+    report.bytes_copied += run.bytes;
+    if (options.on_progress) options.on_progress(report.bytes_copied, total);
+  }
+  if (auto ok = map_until(end); !ok) return fail(ok.error());  // pages of padding only
+  if (auto ok = driver_->stream_synchronize(stream_); !ok) {
+    return fail(driver_error(ok.error(), fmt::format("slot {}: waiting for the copies", id)));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    s->loaded_bytes = end;
+    s->layers_resident = end < layout.extent() && options.layers ? *options.layers : -1;
+    if (before != SlotState::active) s->state = SlotState::prewarmed;
+    s->prewarmed_at = ++prewarm_clock_;
+  }
+  changed_.notify_all();
+  report.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  return report;
+}
+
+// --- activation and KV -------------------------------------------------------------------
+
+VmmResult<ActivationReport> GpuMemory::activate(SlotId id, const ActivationOptions& options) {
+  const auto t0 = SteadyClock::now();
+  ActivationReport report;
+  {
+    std::lock_guard lock(mutex_);
+    auto found = require_locked(id);
+    if (!found) return std::unexpected(found.error());
+    Slot& s = **found;
+    if (s.state != SlotState::prewarmed) {
+      return vmm_failure(
+          VmmErrc::bad_state,
+          fmt::format("slot {} ({}) is {}; only a prewarmed slot can be activated{}", id, s.model,
+                      to_string(s.state),
+                      s.state == SlotState::loading ? " (wait for its prewarm)" : ""));
+    }
+    for (const auto& [other_id, other] : slots_) {
+      if (other->state == SlotState::active || other->state == SlotState::draining) {
+        return vmm_failure(VmmErrc::bad_state,
+                           fmt::format("slot {} ({}) is {} on this GPU; deactivate it first",
+                                       other_id, other->model, to_string(other->state)));
+      }
+    }
+    const std::size_t page = pool_->page_bytes();
+    const std::size_t kv_pages_max = s.va->page_count() - kv_first_page(s);
+    const std::size_t want = options.kv_bytes == 0
+                                 ? kv_pages_max
+                                 : std::min(kv_pages_max, pages_for(options.kv_bytes, page));
+    s.state = SlotState::active;
+    s.kv_target_bytes = static_cast<std::uint64_t>(want) * page;
+    s.kv_next = kv_first_page(s);
+    s.kv_done = false;
+    s.kv_error.reset();
+    report.base = s.va->base();
+    report.weight_bytes = s.weight_bytes;
+    report.kv_offset = static_cast<std::uint64_t>(kv_first_page(s)) * page;
+    report.kv_target_bytes = s.kv_target_bytes;
+  }
+  // Everything below the weights is mapped already; the KV pages follow in the background.
+  post([this, id] { map_kv_job(id); });
+  report.critical_path = SteadyClock::now() - t0;
+  return report;
+}
+
+void GpuMemory::map_kv_job(SlotId id) {
+  (void)make_current();
+  for (;;) {
+    std::unique_lock lock(mutex_);
+    Slot* s = find_locked(id);
+    if (s == nullptr || s->state != SlotState::active || stopping_) break;
+    const std::size_t target_end =
+        kv_first_page(*s) + pages_for(s->kv_target_bytes, pool_->page_bytes());
+    if (s->kv_next >= target_end || s->kv_next >= s->va->page_count()) {
+      s->kv_done = true;
+      break;
+    }
+    if (s->va->page_at(s->kv_next)) {  // reclaimed or left from before
+      ++s->kv_next;
+      continue;
+    }
+    if (pool_->count(PageUse::free) == 0) {
+      // Free a prewarmed slot, least recently prewarmed first, unless exports pin it.
+      Slot* victim = nullptr;
+      for (auto& [other_id, other] : slots_) {
+        if (other_id == id || other->state != SlotState::prewarmed || pinned_locked(*other))
+          continue;
+        if (other->va->mapped_count() == 0 && other->lent_unused.empty()) continue;
+        if (victim == nullptr || other->prewarmed_at < victim->prewarmed_at) victim = other.get();
+      }
+      if (victim == nullptr || !unmap_all_locked(*victim, false)) {
+        // The budget cannot be met: settle for what is mapped.
+        s->kv_target_bytes =
+            static_cast<std::uint64_t>(s->kv_next - kv_first_page(*s)) * pool_->page_bytes();
+        s->kv_done = true;
+        break;
+      }
+      victim->state = SlotState::empty;
+      victim->weight_bytes = victim->loaded_bytes = 0;
+      continue;
+    }
+    auto taken = pool_->take(1, PageOwner{PageUse::kv, id});
+    if (!taken) {
+      s->kv_error = taken.error();
+      s->kv_done = true;
+      break;
+    }
+    if (auto ok = s->va->map(s->kv_next, taken->front(), pool_->handle(taken->front())); !ok) {
+      pool_->release(*taken);
+      s->kv_error = ok.error();
+      s->kv_done = true;
+      break;
+    }
+    ++s->kv_next;
+    lock.unlock();
+    changed_.notify_all();
+  }
+  changed_.notify_all();
+}
+
+VmmResult<std::uint64_t> GpuMemory::ensure_kv(SlotId id, std::uint64_t bytes,
+                                              std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  auto found = require_locked(id);
+  if (!found) return std::unexpected(found.error());
+  Slot* s = *found;
+  if (s->state != SlotState::active) {
+    return vmm_failure(VmmErrc::bad_state,
+                       fmt::format("slot {} is {}; KV is mapped only for the active slot", id,
+                                   to_string(s->state)));
+  }
+  const std::size_t page = pool_->page_bytes();
+  auto mapped = [&] { return static_cast<std::uint64_t>(s->kv_next - kv_first_page(*s)) * page; };
+  changed_.wait_for(lock, timeout, [&] {
+    return mapped() >= bytes || s->kv_done || s->state != SlotState::active;
+  });
+  if (mapped() >= bytes) return mapped();
+  if (s->kv_error) return std::unexpected(*s->kv_error);
+  return vmm_failure(
+      VmmErrc::pool_exhausted,
+      fmt::format("slot {}: {} bytes of KV asked for, {} mapped{}", id, bytes, mapped(),
+                  s->kv_done ? " (the pool has no more pages to give)" : " so far"));
+}
+
+VmmResult<void> GpuMemory::deactivate(SlotId id) {
+  {
+    std::lock_guard lock(mutex_);
+    auto found = require_locked(id);
+    if (!found) return std::unexpected(found.error());
+    if ((*found)->state != SlotState::active) {
+      return vmm_failure(VmmErrc::bad_state,
+                         fmt::format("slot {} is {}, not active", id, to_string((*found)->state)));
+    }
+    (*found)->state = SlotState::draining;
+  }
+  post([this, id] { drain_job(id); });
+  return {};
+}
+
+void GpuMemory::drain_job(SlotId id) {
+  (void)make_current();
+  {
+    std::lock_guard lock(mutex_);
+    Slot* s = find_locked(id);
+    if (s == nullptr) return;
+    for (std::size_t i = kv_first_page(*s); i < s->va->page_count(); ++i) {
+      if (!s->va->page_at(i)) continue;
+      auto p = s->va->unmap(i);
+      if (p) pool_->release(std::span(&*p, 1));
+    }
+    // Pages lent to other slots stay with them (WarmServe: the worker turns universal
+    // holding both the old model and the proactively prewarmed ones).
+    for (auto& [other_id, other] : slots_) {
+      for (PageId p : pool_->pages_of(PageOwner{PageUse::lent, other_id})) {
+        pool_->reassign(p, PageOwner{PageUse::weights, other_id});
+      }
+      pool_->release(other->lent_unused);
+      other->lent_unused.clear();
+    }
+    s->kv_next = kv_first_page(*s);
+    s->kv_target_bytes = 0;
+    s->kv_done = true;
+    s->state = SlotState::prewarmed;
+  }
+  changed_.notify_all();
+}
+
+VmmResult<void> GpuMemory::evict(SlotId id) {
+  {
+    std::lock_guard lock(mutex_);
+    auto found = require_locked(id);
+    if (!found) return std::unexpected(found.error());
+    Slot& s = **found;
+    if (s.state == SlotState::empty && s.va->mapped_count() == 0 && s.lent_unused.empty()) {
+      return {};
+    }
+    if (s.state != SlotState::prewarmed && s.state != SlotState::empty) {
+      return vmm_failure(VmmErrc::bad_state,
+                         fmt::format("slot {} ({}) is {}; only a prewarmed slot can be evicted{}",
+                                     id, s.model, to_string(s.state),
+                                     s.state == SlotState::active ? " (deactivate it first)" : ""));
+    }
+    if (pinned_locked(s)) {
+      return vmm_failure(VmmErrc::bad_state,
+                         fmt::format("slot {} has pages exported to an engine that has not "
+                                     "confirmed the import; confirm_import() first",
+                                     id));
+    }
+    s.state = SlotState::evicting;
+  }
+  post([this, id] { evict_job(id); });
+  return {};
+}
+
+void GpuMemory::evict_job(SlotId id) {
+  (void)make_current();
+  {
+    std::lock_guard lock(mutex_);
+    Slot* s = find_locked(id);
+    if (s == nullptr) return;
+    if (unmap_all_locked(*s, false)) {
+      s->weight_bytes = s->loaded_bytes = 0;
+      s->layers_resident = -1;
+      s->state = SlotState::empty;
+    } else {
+      s->state = SlotState::prewarmed;  // some pages stayed mapped: still (partly) there
+      s->loaded_bytes = 0;
+    }
+  }
+  changed_.notify_all();
+}
+
+VmmResult<void> GpuMemory::unmap_all_locked(Slot& s, bool /*keep_lent_with_borrower*/) {
+  for (std::size_t i = 0; i < s.va->page_count(); ++i) {
+    if (!s.va->page_at(i)) continue;
+    auto p = s.va->unmap(i);
+    if (!p) return std::unexpected(p.error());
+    pool_->release(std::span(&*p, 1));
+  }
+  pool_->release(s.lent_unused);
+  s.lent_unused.clear();
+  return {};
+}
+
+// --- proactive prewarm -------------------------------------------------------------------
+
+VmmResult<std::size_t> GpuMemory::lend_kv(SlotId active, SlotId borrower,
+                                          std::uint64_t keep_bytes) {
+  if (auto ok = make_current(); !ok) return std::unexpected(ok.error());
+  std::lock_guard lock(mutex_);
+  auto a = require_locked(active);
+  if (!a) return std::unexpected(a.error());
+  auto b = require_locked(borrower);
+  if (!b) return std::unexpected(b.error());
+  Slot& A = **a;
+  Slot& B = **b;
+  if (A.state != SlotState::active) {
+    return vmm_failure(VmmErrc::bad_state,
+                       fmt::format("slot {} is {}; only the active slot lends KV pages", active,
+                                   to_string(A.state)));
+  }
+  if (active == borrower || (B.state != SlotState::empty && B.state != SlotState::prewarmed)) {
+    return vmm_failure(VmmErrc::bad_state,
+                       fmt::format("slot {} is {}; pages are lent to an empty or prewarmed slot",
+                                   borrower, to_string(B.state)));
+  }
+  const std::size_t page = pool_->page_bytes();
+  const std::size_t keep_end = kv_first_page(A) + pages_for(keep_bytes, page);
+  // The worker must not map the lent range again.
+  A.kv_target_bytes = std::min<std::uint64_t>(
+      A.kv_target_bytes, static_cast<std::uint64_t>(keep_end - kv_first_page(A)) * page);
+  std::size_t lent = 0;
+  while (A.kv_next > keep_end) {
+    const std::size_t index = A.kv_next - 1;
+    if (A.va->page_at(index)) {
+      auto p = A.va->unmap(index);
+      if (!p) return std::unexpected(p.error());
+      pool_->reassign(*p, PageOwner{PageUse::lent, borrower});
+      B.lent_unused.push_back(*p);
+      ++lent;
+    }
+    --A.kv_next;
+  }
+  return lent;
+}
+
+VmmResult<std::size_t> GpuMemory::reclaim_kv(SlotId active, std::uint64_t bytes) {
+  if (auto ok = make_current(); !ok) return std::unexpected(ok.error());
+  std::unique_lock lock(mutex_);
+  auto a = require_locked(active);
+  if (!a) return std::unexpected(a.error());
+  Slot& A = **a;
+  if (A.state != SlotState::active) {
+    return vmm_failure(
+        VmmErrc::bad_state,
+        fmt::format("slot {} is {}; only the active slot reclaims KV", active, to_string(A.state)));
+  }
+  const std::size_t page = pool_->page_bytes();
+  const std::size_t want = pages_for(bytes, page);
+  std::size_t got = 0;
+  auto give_to_active = [&](PageId p) -> VmmResult<void> {
+    pool_->reassign(p, PageOwner{PageUse::kv, active});
+    if (auto ok = A.va->map(A.kv_next, p, pool_->handle(p)); !ok) {
+      pool_->release(std::span(&p, 1));
+      return std::unexpected(ok.error());
+    }
+    ++A.kv_next;
+    A.kv_target_bytes += page;
+    ++got;
+    return {};
+  };
+  for (auto& [id, B] : slots_) {  // unused lent pages first: nothing is lost
+    while (got < want && !B->lent_unused.empty() && A.kv_next < A.va->page_count()) {
+      const PageId p = B->lent_unused.back();
+      B->lent_unused.pop_back();
+      if (auto ok = give_to_active(p); !ok) return std::unexpected(ok.error());
+    }
+  }
+  for (auto& [id, B] : slots_) {  // then pages holding a borrower's weights, highest first
+    for (std::size_t i = B->va->page_count(); i-- > 0 && got < want;) {
+      auto p = B->va->page_at(i);
+      if (!p || pool_->owner(*p).use != PageUse::lent || A.kv_next >= A.va->page_count()) continue;
+      auto unmapped = B->va->unmap(i);
+      if (!unmapped) return std::unexpected(unmapped.error());
+      B->loaded_bytes =
+          std::min<std::uint64_t>(B->loaded_bytes, static_cast<std::uint64_t>(i) * page);
+      B->layers_resident = B->loaded_bytes == 0 ? -1 : 0;
+      if (B->loaded_bytes == 0 && B->va->mapped_count() == 0) {
+        B->state = SlotState::empty;
+        B->weight_bytes = 0;
+      }
+      if (auto ok = give_to_active(*unmapped); !ok) return std::unexpected(ok.error());
+    }
+  }
+  lock.unlock();
+  changed_.notify_all();
+  return got;
+}
+
+// --- export ------------------------------------------------------------------------------
+
+VmmResult<ExportedRange> GpuMemory::export_range(SlotId id, std::uint64_t offset,
+                                                 std::uint64_t length) {
+  std::lock_guard lock(mutex_);
+  auto found = require_locked(id);
+  if (!found) return std::unexpected(found.error());
+  Slot& s = **found;
+  if (s.state != SlotState::prewarmed && s.state != SlotState::active) {
+    return vmm_failure(VmmErrc::bad_state, fmt::format("slot {} is {}; export needs it prewarmed "
+                                                       "or active",
+                                                       id, to_string(s.state)));
+  }
+  const std::size_t page = pool_->page_bytes();
+  if (length == 0 || offset + length > s.va->page_count() * page) {
+    return vmm_failure(
+        VmmErrc::invalid_argument,
+        fmt::format("slot {}: bytes {}+{} are outside the slot", id, offset, length));
+  }
+  ExportedRange out;
+  std::vector<std::pair<SlotId, PageId>> pinned;
+  auto close_all = [&] {
+    for (auto& e : out.pages) ::close(e.fd);
+  };
+  for (std::size_t i = offset / page; i * page < offset + length; ++i) {
+    auto p = s.va->page_at(i);
+    if (!p) {
+      close_all();
+      return vmm_failure(VmmErrc::invalid_argument,
+                         fmt::format("slot {}: page at offset {} is not mapped; prewarm (or "
+                                     "ensure_kv) before exporting it",
+                                     id, i * page));
+    }
+    auto fd = pool_->export_fd(*p);
+    if (!fd) {
+      close_all();
+      return std::unexpected(fd.error());
+    }
+    out.pages.push_back(ExportedPage{*fd, static_cast<std::uint64_t>(i) * page, page});
+    pinned.emplace_back(id, *p);
+  }
+  out.token = next_token_++;
+  exports_.emplace(out.token, std::move(pinned));
+  return out;
+}
+
+VmmResult<void> GpuMemory::confirm_import(std::uint64_t token) {
+  std::lock_guard lock(mutex_);
+  if (exports_.erase(token) == 0) {
+    return vmm_failure(VmmErrc::unknown_export,
+                       fmt::format("no pending export {} (already confirmed?)", token));
+  }
+  return {};
+}
+
+// --- background --------------------------------------------------------------------------
+
+void GpuMemory::post(std::function<void()> job) {
+  {
+    std::lock_guard lock(mutex_);
+    jobs_.push_back(std::move(job));
+  }
+  changed_.notify_all();
+}
+
+void GpuMemory::worker_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (stopping_) return;
+    auto job = std::move(jobs_.front());
+    jobs_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    job();
+    lock.lock();
+    busy_ = false;
+    changed_.notify_all();
+  }
+}
+
+void GpuMemory::wait_idle() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] {
+    if (stopping_ || (!busy_ && jobs_.empty())) return true;
+    return false;
+  });
+}
+
+// --- inspection --------------------------------------------------------------------------
+
+std::vector<SlotInfo> GpuMemory::slots() const {
+  std::lock_guard lock(mutex_);
+  std::vector<SlotInfo> out;
+  const std::size_t page = pool_->page_bytes();
+  for (const auto& [id, s] : slots_) {
+    SlotInfo info;
+    info.id = id;
+    info.model = s->model;
+    info.state = s->state;
+    info.base = s->va->base();
+    info.weight_bytes = s->weight_bytes;
+    info.loaded_bytes = s->loaded_bytes;
+    info.layers_resident = s->layers_resident;
+    const std::size_t kv_first = kv_first_page(*s);
+    for (std::size_t i = 0; i < s->va->page_count(); ++i) {
+      if (s->va->page_at(i)) ++(i < kv_first ? info.weight_pages : info.kv_pages);
+    }
+    info.kv_target_bytes = s->kv_target_bytes;
+    (void)page;
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+VmmResult<SlotInfo> GpuMemory::slot(SlotId id) const {
+  for (auto& info : slots()) {
+    if (info.id == id) return info;
+  }
+  return vmm_failure(VmmErrc::unknown_slot, fmt::format("no prewarm slot {} on this GPU", id));
+}
+
+PoolInfo GpuMemory::pool() const {
+  PoolInfo info;
+  info.page_bytes = pool_->page_bytes();
+  info.pages = pool_->page_count();
+  info.free = pool_->count(PageUse::free);
+  info.weights = pool_->count(PageUse::weights);
+  info.kv = pool_->count(PageUse::kv);
+  info.lent = pool_->count(PageUse::lent);
+  return info;
+}
+
+std::expected<void, std::string> GpuMemory::check_invariants() const {
+  std::lock_guard lock(mutex_);
+  const std::size_t pages = pool_->page_count();
+  std::vector<int> mapped_in(pages, -1);  // slot id a page is mapped in, or -1
+  std::vector<bool> lent_unused(pages, false);
+  for (const auto& [id, s] : slots_) {
+    const std::size_t kv_first = kv_first_page(*s);
+    for (std::size_t i = 0; i < s->va->page_count(); ++i) {
+      auto p = s->va->page_at(i);
+      if (!p) continue;
+      if (mapped_in[*p] != -1) {
+        return std::unexpected(
+            fmt::format("page {} is mapped in slots {} and {}", *p, mapped_in[*p], id));
+      }
+      mapped_in[*p] = static_cast<int>(id);
+      const PageOwner o = pool_->owner(*p);
+      if (o.slot != id || o.use == PageUse::free) {
+        return std::unexpected(
+            fmt::format("page {} mapped in slot {} at {} is owned by {} of "
+                        "slot {}",
+                        *p, id, i, to_string(o.use), o.slot));
+      }
+      const bool in_kv = i >= kv_first;
+      if (in_kv != (o.use == PageUse::kv)) {
+        return std::unexpected(fmt::format("page {} at slot {} page {} ({} region) is owned as {}",
+                                           *p, id, i, in_kv ? "KV" : "weights", to_string(o.use)));
+      }
+    }
+    for (PageId p : s->lent_unused) {
+      const PageOwner o = pool_->owner(p);
+      if (o != PageOwner{PageUse::lent, id} || mapped_in[p] != -1 || lent_unused[p]) {
+        return std::unexpected(
+            fmt::format("page {} is listed as lent to slot {} but is {} of "
+                        "slot {}{}",
+                        p, id, to_string(o.use), o.slot, mapped_in[p] != -1 ? ", mapped" : ""));
+      }
+      lent_unused[p] = true;
+    }
+  }
+  for (PageId p = 0; p < pages; ++p) {
+    const PageOwner o = pool_->owner(p);
+    const bool held = mapped_in[p] != -1 || lent_unused[p];
+    if ((o.use == PageUse::free) == held) {
+      return std::unexpected(fmt::format("page {} is {} of slot {} but {}", p, to_string(o.use),
+                                         o.slot, held ? "held by a slot" : "held by no slot"));
+    }
+  }
+  return {};
+}
+
+}  // namespace thaw::vmm
