@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 namespace thaw::vmm {
@@ -47,6 +48,13 @@ struct GpuMemory::Slot {
 
 namespace {
 
+// Largest prewarm copy, in pages: big enough that a copy's launch cost is noise, small
+// enough that mapping the next copy's pages overlaps this copy's transfer.
+constexpr std::uint64_t kCopyPages = 4;
+// Staging buffers of kCopyPages pages: enough that the host fills one while others are in
+// flight.
+constexpr std::size_t kStagingBuffers = 4;
+
 std::size_t pages_for(std::uint64_t bytes, std::size_t page) {
   return static_cast<std::size_t>((bytes + page - 1) / page);
 }
@@ -83,7 +91,16 @@ VmmResult<std::unique_ptr<GpuMemory>> GpuMemory::create(std::shared_ptr<const cu
   auto stream = driver->stream_create_with_priority(CU_STREAM_NON_BLOCKING, range->least);
   if (!stream) return std::unexpected(driver_error(stream.error(), "prewarm stream"));
   gpu->stream_ = *stream;
-  gpu->worker_ = std::thread([g = gpu.get()] { g->worker_loop(); });
+  gpu->staging_bytes_ = kCopyPages * gpu->pool_->page_bytes();
+  for (std::size_t i = 0; i < kStagingBuffers; ++i) {
+    auto buffer = driver->mem_host_alloc(gpu->staging_bytes_);
+    if (!buffer) return std::unexpected(driver_error(buffer.error(), "prewarm staging buffer"));
+    gpu->staging_.push_back(Staging{*buffer, nullptr, false});
+    auto event = driver->event_create(CU_EVENT_DISABLE_TIMING);
+    if (!event) return std::unexpected(driver_error(event.error(), "prewarm staging event"));
+    gpu->staging_.back().done = *event;
+  }
+  for (int i = 0; i < 2; ++i) gpu->workers_.emplace_back([g = gpu.get()] { g->worker_loop(); });
   return gpu;
 }
 
@@ -96,7 +113,7 @@ GpuMemory::~GpuMemory() {
     stopping_ = true;
   }
   changed_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  for (std::thread& t : workers_) t.join();
   (void)make_current();
   {
     std::lock_guard lock(mutex_);
@@ -107,6 +124,11 @@ GpuMemory::~GpuMemory() {
       }
     }
     slots_.clear();
+  }
+  if (stream_ != nullptr) (void)driver_->stream_synchronize(stream_);
+  for (Staging& st : staging_) {
+    if (st.done != nullptr) (void)driver_->event_destroy(st.done);
+    if (st.buffer != nullptr) (void)driver_->mem_free_host(st.buffer);
   }
   if (stream_ != nullptr) (void)driver_->stream_destroy(stream_);
   pool_.reset();
@@ -193,9 +215,12 @@ struct CopyRun {
   std::uint64_t bytes;
 };
 
-// The layout's bytes in [begin, end) as copies, adjacent pieces of one file merged when
-// they are contiguous in both the file and the slot.
-std::vector<CopyRun> copy_runs(const WeightLayout& layout, std::uint64_t begin, std::uint64_t end) {
+// The layout's bytes in [begin, end) as copies: adjacent pieces of one file merged when
+// they are contiguous in both the file and the slot (one launch instead of many), then cut
+// at multiples of `max_bytes` of slot offset, so the pages of the next copy are mapped
+// while this one transfers (a 1 GB copy would need all its pages mapped before it starts).
+std::vector<CopyRun> copy_runs(const WeightLayout& layout, std::uint64_t begin, std::uint64_t end,
+                               std::uint64_t max_bytes) {
   std::vector<CopyRun> runs;
   for (const LayoutPiece& p : layout.pieces()) {
     const std::uint64_t lo = std::max(p.slot_offset, begin);
@@ -212,7 +237,17 @@ std::vector<CopyRun> copy_runs(const WeightLayout& layout, std::uint64_t begin, 
     }
     runs.push_back(CopyRun{lo, &p.file, file_offset, hi - lo});
   }
-  return runs;
+  std::vector<CopyRun> cut;
+  for (const CopyRun& r : runs) {
+    std::uint64_t at = r.slot_offset;
+    while (at < r.slot_offset + r.bytes) {
+      const std::uint64_t next =
+          std::min(r.slot_offset + r.bytes, (at / max_bytes + 1) * max_bytes);
+      cut.push_back(CopyRun{at, r.file, r.file_offset + (at - r.slot_offset), next - at});
+      at = next;
+    }
+  }
+  return cut;
 }
 
 }  // namespace
@@ -267,6 +302,7 @@ VmmResult<PrewarmReport> GpuMemory::prewarm(SlotId id, const WeightLayout& layou
   std::vector<std::size_t> mapped_now;  // slot pages this call mapped (undone on failure)
   auto fail = [&](VmmError error) -> VmmResult<PrewarmReport> {
     (void)driver_->stream_synchronize(stream_);
+    for (Staging& st : staging_) st.in_flight = false;
     std::lock_guard lock(mutex_);
     for (auto it = mapped_now.rbegin(); it != mapped_now.rend(); ++it) {
       auto p = s->va->unmap(*it);
@@ -315,7 +351,7 @@ VmmResult<PrewarmReport> GpuMemory::prewarm(SlotId id, const WeightLayout& layou
     return {};
   };
 
-  const std::vector<CopyRun> runs = copy_runs(layout, begin, end);
+  const std::vector<CopyRun> runs = copy_runs(layout, begin, end, kCopyPages * page);
   const std::uint64_t total = [&] {
     std::uint64_t t = 0;
     for (const auto& r : runs) t += r.bytes;
@@ -327,12 +363,25 @@ VmmResult<PrewarmReport> GpuMemory::prewarm(SlotId id, const WeightLayout& layou
     if (auto ok = map_until(run.slot_offset + run.bytes); !ok) return fail(ok.error());
     auto src = source.wait_bytes(*run.file, run.file_offset, run.bytes);
     if (!src) return fail(src.error());
-    if (auto ok =
-            driver_->memcpy_htod_async(s->va->base() + run.slot_offset, *src, run.bytes, stream_);
+    // Runs are at most one staging buffer long (copy_runs cuts them at kCopyPages pages).
+    Staging& st = staging_[report.copies % staging_.size()];
+    if (st.in_flight) {
+      if (auto ok = driver_->event_synchronize(st.done); !ok) {
+        return fail(driver_error(ok.error(), fmt::format("slot {}: waiting for a copy", id)));
+      }
+      st.in_flight = false;
+    }
+    std::memcpy(st.buffer, *src, run.bytes);
+    if (auto ok = driver_->memcpy_htod_async(s->va->base() + run.slot_offset, st.buffer, run.bytes,
+                                             stream_);
         !ok) {
       return fail(driver_error(ok.error(), fmt::format("slot {}: copying {} bytes {}+{}", id,
                                                        *run.file, run.file_offset, run.bytes)));
     }
+    if (auto ok = driver_->event_record(st.done, stream_); !ok) {
+      return fail(driver_error(ok.error(), fmt::format("slot {}: recording a copy", id)));
+    }
+    st.in_flight = true;
     ++report.copies;
     report.bytes_copied += run.bytes;
     if (options.on_progress) options.on_progress(report.bytes_copied, total);
@@ -341,6 +390,7 @@ VmmResult<PrewarmReport> GpuMemory::prewarm(SlotId id, const WeightLayout& layou
   if (auto ok = driver_->stream_synchronize(stream_); !ok) {
     return fail(driver_error(ok.error(), fmt::format("slot {}: waiting for the copies", id)));
   }
+  for (Staging& st : staging_) st.in_flight = false;
   {
     std::lock_guard lock(mutex_);
     s->loaded_bytes = end;
@@ -370,8 +420,10 @@ VmmResult<ActivationReport> GpuMemory::activate(SlotId id, const ActivationOptio
                       to_string(s.state),
                       s.state == SlotState::loading ? " (wait for its prewarm)" : ""));
     }
+    // A draining slot does not block: its KV pages go back to the pool on the background
+    // thread before this slot's KV job runs (jobs run in order), so a switch costs no wait.
     for (const auto& [other_id, other] : slots_) {
-      if (other->state == SlotState::active || other->state == SlotState::draining) {
+      if (other->state == SlotState::active) {
         return vmm_failure(VmmErrc::bad_state,
                            fmt::format("slot {} ({}) is {} on this GPU; deactivate it first",
                                        other_id, other->model, to_string(other->state)));
@@ -415,6 +467,15 @@ void GpuMemory::map_kv_job(SlotId id) {
       continue;
     }
     if (pool_->count(PageUse::free) == 0) {
+      // A draining slot is giving its KV pages back (on the other worker): take them as
+      // they come rather than evicting a prewarmed model.
+      const bool draining = std::any_of(slots_.begin(), slots_.end(), [](const auto& e) {
+        return e.second->state == SlotState::draining;
+      });
+      if (draining) {
+        changed_.wait_for(lock, std::chrono::milliseconds(50));
+        continue;
+      }
       // Free a prewarmed slot, least recently prewarmed first, unless exports pin it.
       Slot* victim = nullptr;
       for (auto& [other_id, other] : slots_) {
@@ -495,13 +556,19 @@ VmmResult<void> GpuMemory::deactivate(SlotId id) {
 void GpuMemory::drain_job(SlotId id) {
   (void)make_current();
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     Slot* s = find_locked(id);
     if (s == nullptr) return;
-    for (std::size_t i = kv_first_page(*s); i < s->va->page_count(); ++i) {
+    // One page at a time, the lock dropped and waiters told as each is free, so a slot
+    // activated meanwhile maps it at once (nothing else touches a draining slot's pages).
+    for (std::size_t i = s->va->page_count(); i-- > kv_first_page(*s);) {
       if (!s->va->page_at(i)) continue;
       auto p = s->va->unmap(i);
-      if (p) pool_->release(std::span(&*p, 1));
+      if (!p) continue;
+      pool_->release(std::span(&*p, 1));
+      lock.unlock();
+      changed_.notify_all();
+      lock.lock();
     }
     // Pages lent to other slots stay with them (WarmServe: the worker turns universal
     // holding both the old model and the proactively prewarmed ones).
@@ -744,11 +811,11 @@ void GpuMemory::worker_loop() {
     if (stopping_) return;
     auto job = std::move(jobs_.front());
     jobs_.pop_front();
-    busy_ = true;
+    ++busy_;
     lock.unlock();
     job();
     lock.lock();
-    busy_ = false;
+    --busy_;
     changed_.notify_all();
   }
 }
@@ -756,7 +823,7 @@ void GpuMemory::worker_loop() {
 void GpuMemory::wait_idle() {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] {
-    if (stopping_ || (!busy_ && jobs_.empty())) return true;
+    if (stopping_ || (busy_ == 0 && jobs_.empty())) return true;
     return false;
   });
 }

@@ -10,7 +10,8 @@
 //
 // - prewarm copies a model's weights (a WeightLayout, from a WeightSource) into the slot:
 //   page i+1 is mapped on the host while page i's bytes copy on a low-priority stream, and
-//   a prewarm may stop after the first k layers (and resume later).
+//   a prewarm may stop after the first k layers (and resume later). Bytes go through a few
+//   pinned staging buffers, so copies queue behind each other while the host maps ahead.
 // - activate makes a prewarmed slot the GPU's one active slot and returns at once: on the
 //   critical path there is no driver call at all — the weights are mapped already. A
 //   background thread then maps free pages into the slot's KV region (evicting other
@@ -185,6 +186,16 @@ class GpuMemory {
   CUcontext context_;
   std::unique_ptr<PagePool> pool_;
   CUstream stream_ = nullptr;  // low-priority prewarm copies
+  // Pinned staging buffers for prewarm copies, each with the event of its last copy. A
+  // copy from pageable memory returns only once it is done (the driver stages it itself),
+  // which would serialise page mapping with transfer; from pinned memory it is queued.
+  struct Staging {
+    void* buffer = nullptr;
+    CUevent done = nullptr;
+    bool in_flight = false;
+  };
+  std::vector<Staging> staging_;
+  std::size_t staging_bytes_ = 0;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
@@ -196,9 +207,11 @@ class GpuMemory {
   std::size_t max_slots_ = 8;
 
   std::deque<std::function<void()>> jobs_;
-  bool busy_ = false;
+  int busy_ = 0;  // jobs running
   bool stopping_ = false;
-  std::thread worker_;
+  // Two background threads, so that a switch maps the new slot's KV pages while the old
+  // slot's are still being unmapped (each page goes from one to the other as it frees).
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace thaw::vmm

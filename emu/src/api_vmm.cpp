@@ -305,6 +305,11 @@ EMU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
                : flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
                                                            : PROT_NONE;
     if (mprotect(reinterpret_cast<void*>(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
+    // With THAW_EMU_PREFAULT the page tables are filled now, as a GPU's are once access is
+    // granted, instead of by a host fault per 4 KiB in the first copy (best effort).
+    if (driver().cfg().prefault && prot == (PROT_READ | PROT_WRITE)) {
+      (void)madvise(reinterpret_cast<void*>(ptr), size, MADV_POPULATE_WRITE);
+    }
     // Access is tracked per granule (what check_device consults), so a range that
     // covers part of a mapping changes exactly that part.
     for (VmmMapping* m : touched) {

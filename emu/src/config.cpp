@@ -95,6 +95,16 @@ std::expected<Config, std::string> config_from_env() {
       return std::unexpected(fmt::format("THAW_EMU_TIMING='{}' must be 0 or 1", v));
     }
   }
+  if (const char* v = env("THAW_EMU_PREFAULT")) {
+    std::string s(v);
+    if (s == "0" || s == "off" || s == "false") {
+      c.prefault = false;
+    } else if (s == "1" || s == "on" || s == "true") {
+      c.prefault = true;
+    } else {
+      return std::unexpected(fmt::format("THAW_EMU_PREFAULT='{}' must be 0 or 1", v));
+    }
+  }
   if (const char* v = env("THAW_EMU_PCIE_GBPS")) {
     auto g = parse_positive("THAW_EMU_PCIE_GBPS", v);
     if (!g) return std::unexpected(g.error());

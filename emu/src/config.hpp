@@ -17,6 +17,10 @@ struct Config {
   // directory shares the emulated GPUs, as processes on one machine share real ones.
   std::string state_dir = "/dev/shm/thaw-emu";
   bool timing = true;
+  // Populate physical memory when it is created (a GPU's memory is there once cuMemCreate
+  // returns; a memfd's pages only on first touch, which costs a host page fault and a
+  // zeroing per 4 KiB in the first copy into it). Off by default to keep tests light.
+  bool prefault = false;
   double pcie_bytes_per_s = 25e9;   // H2D and D2H, each direction
   double d2d_bytes_per_s = 2000e9;  // HBM: device-to-device copies and memsets
   // WarmServe: mapping 10 GB takes about 0.2 s, i.e. ~20 us per 2 MiB page.

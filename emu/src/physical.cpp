@@ -32,6 +32,17 @@ std::uint64_t random_id() {
   return rng() | 1;
 }
 
+// Allocates and zeroes the memfd's pages now (THAW_EMU_PREFAULT): fallocate alone leaves
+// tmpfs pages to be zeroed at their first touch, which is what prefaulting is to avoid.
+bool prefault(int fd, std::uint64_t size) {
+  if (size == 0) return true;
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return false;
+  const bool ok = madvise(p, size, MADV_POPULATE_WRITE) == 0;
+  munmap(p, size);
+  return ok;
+}
+
 }  // namespace
 
 std::expected<std::shared_ptr<PhysicalMemory>, CUresult> PhysicalMemory::create(
@@ -40,6 +51,9 @@ std::expected<std::shared_ptr<PhysicalMemory>, CUresult> PhysicalMemory::create(
   m->fd_ = memfd_create("thaw-emu-device-memory", MFD_CLOEXEC);
   if (m->fd_ < 0) return std::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
   if (ftruncate(m->fd_, static_cast<off_t>(size + kTrailerSize)) != 0) {
+    return std::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  if (driver().cfg().prefault && !prefault(m->fd_, size)) {
     return std::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
   }
   Trailer t{};
