@@ -50,7 +50,7 @@ namespace {
 
 // Largest prewarm copy, in pages: big enough that a copy's launch cost is noise, small
 // enough that mapping the next copy's pages overlaps this copy's transfer.
-constexpr std::uint64_t kCopyPages = 4;
+constexpr std::uint64_t kCopyPages = 8;
 // Staging buffers of kCopyPages pages: enough that the host fills one while others are in
 // flight.
 constexpr std::size_t kStagingBuffers = 4;
@@ -120,7 +120,7 @@ GpuMemory::~GpuMemory() {
     // A failed unmap is tried again (twice) before the slot's own destructor, which
     // unmaps what is left, so one transient driver error does not leak a mapping.
     for (auto& [id, s] : slots_) {
-      for (int attempt = 0; attempt < 3 && !unmap_all_locked(*s, false); ++attempt) {
+      for (int attempt = 0; attempt < 3 && !unmap_all_locked(*s); ++attempt) {
       }
     }
     slots_.clear();
@@ -199,7 +199,7 @@ VmmResult<void> GpuMemory::destroy_slot(SlotId id) {
   // An empty slot may still hold pages whose unmap failed earlier (or lent ones not yet
   // used): give them back now, or refuse.
   if (auto ok = make_current(); !ok) return std::unexpected(ok.error());
-  if (auto ok = unmap_all_locked(**s, false); !ok) return std::unexpected(ok.error());
+  if (auto ok = unmap_all_locked(**s); !ok) return std::unexpected(ok.error());
   slots_.erase(id);
   return {};
 }
@@ -484,7 +484,7 @@ void GpuMemory::map_kv_job(SlotId id) {
         if (other->va->mapped_count() == 0 && other->lent_unused.empty()) continue;
         if (victim == nullptr || other->prewarmed_at < victim->prewarmed_at) victim = other.get();
       }
-      if (victim == nullptr || !unmap_all_locked(*victim, false)) {
+      if (victim == nullptr || !unmap_all_locked(*victim)) {
         // The budget cannot be met: settle for what is mapped.
         s->kv_target_bytes =
             static_cast<std::uint64_t>(s->kv_next - kv_first_page(*s)) * pool_->page_bytes();
@@ -561,11 +561,16 @@ void GpuMemory::drain_job(SlotId id) {
     if (s == nullptr) return;
     // One page at a time, the lock dropped and waiters told as each is free, so a slot
     // activated meanwhile maps it at once (nothing else touches a draining slot's pages).
+    // The driver call runs unlocked: a KV job of a newly active slot waits on this lock
+    // for each page it maps, and would otherwise wait for the whole drain.
     for (std::size_t i = s->va->page_count(); i-- > kv_first_page(*s);) {
       if (!s->va->page_at(i)) continue;
-      auto p = s->va->unmap(i);
-      if (!p) continue;
-      pool_->release(std::span(&*p, 1));
+      lock.unlock();
+      const bool unmapped = s->va->unmap_only(i).has_value();
+      lock.lock();
+      if (!unmapped) continue;  // stays mapped and owned
+      const PageId p = s->va->forget(i);
+      pool_->release(std::span(&p, 1));
       lock.unlock();
       changed_.notify_all();
       lock.lock();
@@ -620,7 +625,7 @@ void GpuMemory::evict_job(SlotId id) {
     std::lock_guard lock(mutex_);
     Slot* s = find_locked(id);
     if (s == nullptr) return;
-    if (unmap_all_locked(*s, false)) {
+    if (unmap_all_locked(*s)) {
       s->weight_bytes = s->loaded_bytes = 0;
       s->layers_resident = -1;
       s->state = SlotState::empty;
@@ -632,7 +637,7 @@ void GpuMemory::evict_job(SlotId id) {
   changed_.notify_all();
 }
 
-VmmResult<void> GpuMemory::unmap_all_locked(Slot& s, bool /*keep_lent_with_borrower*/) {
+VmmResult<void> GpuMemory::unmap_all_locked(Slot& s) {
   for (std::size_t i = 0; i < s.va->page_count(); ++i) {
     if (!s.va->page_at(i)) continue;
     auto p = s.va->unmap(i);
@@ -833,7 +838,6 @@ void GpuMemory::wait_idle() {
 std::vector<SlotInfo> GpuMemory::slots() const {
   std::lock_guard lock(mutex_);
   std::vector<SlotInfo> out;
-  const std::size_t page = pool_->page_bytes();
   for (const auto& [id, s] : slots_) {
     SlotInfo info;
     info.id = id;
@@ -848,7 +852,6 @@ std::vector<SlotInfo> GpuMemory::slots() const {
       if (s->va->page_at(i)) ++(i < kv_first ? info.weight_pages : info.kv_pages);
     }
     info.kv_target_bytes = s->kv_target_bytes;
-    (void)page;
     out.push_back(std::move(info));
   }
   return out;

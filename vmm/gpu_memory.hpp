@@ -173,7 +173,7 @@ class GpuMemory {
   std::size_t kv_first_page(const Slot& s) const;
   VmmResult<void> make_current() const;
   // Unmaps every page of `s` that is not pinned by an export and releases it; locked.
-  VmmResult<void> unmap_all_locked(Slot& s, bool keep_lent_with_borrower);
+  VmmResult<void> unmap_all_locked(Slot& s);
   bool pinned_locked(const Slot& s) const;
   void post(std::function<void()> job);
   void worker_loop();

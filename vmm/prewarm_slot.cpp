@@ -74,6 +74,24 @@ VmmResult<PageId> PrewarmSlot::unmap(std::size_t index) {
   return page;
 }
 
+VmmResult<void> PrewarmSlot::unmap_only(std::size_t index) const {
+  if (index >= table_.size() || !table_[index]) {
+    return vmm_failure(VmmErrc::invalid_argument,
+                       fmt::format("slot {}: page {} is not mapped", id_, index));
+  }
+  if (auto ok = driver_->mem_unmap(address_of(index), page_bytes_); !ok) {
+    return std::unexpected(
+        driver_error(ok.error(), fmt::format("slot {}: unmapping slot page {}", id_, index)));
+  }
+  return {};
+}
+
+PageId PrewarmSlot::forget(std::size_t index) {
+  const PageId page = *table_.at(index);
+  table_[index].reset();
+  return page;
+}
+
 std::size_t PrewarmSlot::mapped_count() const {
   std::size_t n = 0;
   for (const auto& p : table_) n += p.has_value();

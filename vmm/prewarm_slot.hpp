@@ -41,6 +41,11 @@ class PrewarmSlot {
   VmmResult<void> map(std::size_t index, PageId page, CUmemGenericAllocationHandle handle);
   // Unmaps slot page `index` and returns the pool page that was there.
   VmmResult<PageId> unmap(std::size_t index);
+  // unmap() in two steps, for a caller that must not hold its lock across the driver call:
+  // unmap_only() drops the mapping and leaves the table as it was (it may run while others
+  // read the table), forget() then clears the entry and returns the page.
+  VmmResult<void> unmap_only(std::size_t index) const;
+  PageId forget(std::size_t index);
   std::optional<PageId> page_at(std::size_t index) const { return table_.at(index); }
   std::size_t mapped_count() const;
 

@@ -173,8 +173,20 @@ int main(int argc, char** argv) {
   const CUdevice dev = gpu->device();
 
   // 1. Prewarm throughput, thaw vs naive (same bytes, same source, same stream kind).
+  // Three prewarms of B (evicted in between), the median reported: the 2-core host's
+  // scheduling moves a single run by a few per cent.
   const vmm::SlotId b = must(gpu->create_slot("model-b"), "slot B");
-  const auto prewarm_b = must(gpu->prewarm(b, layout_b, source_b), "prewarm B");
+  std::vector<vmm::PrewarmReport> prewarms;
+  for (int round = 0; round < 3; ++round) {
+    if (round > 0) {
+      must(gpu->evict(b), "evict B");
+      gpu->wait_idle();
+    }
+    prewarms.push_back(must(gpu->prewarm(b, layout_b, source_b), "prewarm B"));
+  }
+  std::sort(prewarms.begin(), prewarms.end(),
+            [](const auto& x, const auto& y) { return x.seconds < y.seconds; });
+  const vmm::PrewarmReport prewarm_b = prewarms[1];
   const auto prewarm_end = Clock::now();
   const double naive_s = naive_prewarm(*driver, dev, layout_b, source_b, stream);
   const double thaw_rate = static_cast<double>(layout_b.bytes()) / prewarm_b.seconds;
@@ -225,50 +237,66 @@ int main(int argc, char** argv) {
   }
 
   // 3. Switch A -> B vs a cold load of B.
-  // A takes every free page as KV, as a serving engine would, but B stays prewarmed.
-  must(gpu->activate(a, vmm::ActivationOptions{kv_bytes}), "activate A");
-  gpu->wait_idle();
-  const auto sw_t0 = Clock::now();
-  must(gpu->deactivate(a), "deactivate A");
-  must(gpu->activate(b, vmm::ActivationOptions{kv_bytes}), "activate B");
-  must(gpu->ensure_kv(b, 2 * kMiB), "first KV page of B");
-  const double switch_s = seconds_since(sw_t0);
-  must(gpu->ensure_kv(b, 256 * kMiB), "256 MiB KV of B");
-  const double switch_256_s = seconds_since(sw_t0);
-  gpu->wait_idle();
-  must(gpu->deactivate(b), "deactivate B");
-  gpu->wait_idle();
+  // A takes every free page as KV, as a serving engine would, but B stays prewarmed. Five
+  // switches, the median reported.
+  std::vector<double> switches, switches_256;
+  for (int round = 0; round < 5; ++round) {
+    must(gpu->activate(a, vmm::ActivationOptions{kv_bytes}), "activate A");
+    gpu->wait_idle();
+    const auto sw_t0 = Clock::now();
+    must(gpu->deactivate(a), "deactivate A");
+    must(gpu->activate(b, vmm::ActivationOptions{kv_bytes}), "activate B");
+    must(gpu->ensure_kv(b, 2 * kMiB), "first KV page of B");
+    switches.push_back(seconds_since(sw_t0));
+    must(gpu->ensure_kv(b, 256 * kMiB), "256 MiB KV of B");
+    switches_256.push_back(seconds_since(sw_t0));
+    gpu->wait_idle();
+    must(gpu->deactivate(b), "deactivate B");
+    gpu->wait_idle();
+  }
+  std::sort(switches.begin(), switches.end());
+  std::sort(switches_256.begin(), switches_256.end());
+  const double switch_s = switches[2];
+  const double switch_256_s = switches_256[2];
+  const double switch_max_s = switches.back();
+  // The cold load's floor in the timing model: its bytes at the PCIe rate.
+  const double cold_floor_s = static_cast<double>(layout_b.bytes()) / pcie;
   const double cold_s = cold_load(*driver, layout_b, source_b, stream, 256 * kMiB);
 
   (void)driver->stream_destroy(stream);
   gpu.reset();
 
-  nlohmann::json out = {{"pcie_bytes_per_s", pcie},
-                        {"model_a_bytes", layout_a.bytes()},
-                        {"model_b_bytes", layout_b.bytes()},
-                        {"prewarm",
-                         {{"thaw_s", prewarm_b.seconds},
-                          {"thaw_share_of_pcie", thaw_rate / pcie},
-                          {"naive_s", naive_s},
-                          {"naive_share_of_pcie", naive_rate / pcie},
-                          {"naive_modelled_floor_s", naive_model_s},
-                          {"naive_modelled_share_of_pcie", layout_b.bytes() / naive_model_s / pcie},
-                          {"copies", prewarm_b.copies},
-                          {"pages", prewarm_b.pages_mapped}}},
-                        {"activation",
-                         {{"critical_path_ms_median", critical_ms},
-                          {"critical_path_ms_max", critical_max_ms},
-                          {"critical_path_ms_runs", critical},
-                          {"driver_calls_on_caller", window.calls},
-                          {"create_or_map_on_caller", window.creates_or_maps},
-                          {"weight_page_maps_after_prewarm", window.weight_maps_after_prewarm},
-                          {"traced", trace != nullptr}}},
-                        {"switch",
-                         {{"switch_s", switch_s},
-                          {"switch_with_256MiB_kv_s", switch_256_s},
-                          {"cold_load_s", cold_s},
-                          {"speedup", cold_s / switch_s},
-                          {"speedup_256MiB_kv", cold_s / switch_256_s}}}};
+  nlohmann::json out = {
+      {"pcie_bytes_per_s", pcie},
+      {"model_a_bytes", layout_a.bytes()},
+      {"model_b_bytes", layout_b.bytes()},
+      {"prewarm",
+       {{"thaw_s", prewarm_b.seconds},
+        {"thaw_s_runs", {prewarms[0].seconds, prewarms[1].seconds, prewarms[2].seconds}},
+        {"thaw_share_of_pcie", thaw_rate / pcie},
+        {"naive_s", naive_s},
+        {"naive_share_of_pcie", naive_rate / pcie},
+        {"naive_modelled_floor_s", naive_model_s},
+        {"naive_modelled_share_of_pcie", layout_b.bytes() / naive_model_s / pcie},
+        {"copies", prewarm_b.copies},
+        {"pages", prewarm_b.pages_mapped}}},
+      {"activation",
+       {{"critical_path_ms_median", critical_ms},
+        {"critical_path_ms_max", critical_max_ms},
+        {"critical_path_ms_runs", critical},
+        {"driver_calls_on_caller", window.calls},
+        {"create_or_map_on_caller", window.creates_or_maps},
+        {"weight_page_maps_after_prewarm", window.weight_maps_after_prewarm},
+        {"traced", trace != nullptr}}},
+      {"switch",
+       {{"switch_s", switch_s},
+        {"switch_s_max", switch_max_s},
+        {"cold_load_modelled_floor_s", cold_floor_s},
+        {"speedup_vs_floor", cold_floor_s / switch_s},
+        {"switch_with_256MiB_kv_s", switch_256_s},
+        {"cold_load_s", cold_s},
+        {"speedup", cold_s / switch_s},
+        {"speedup_256MiB_kv", cold_s / switch_256_s}}}};
   if (json) {
     fmt::print("{}\n", out.dump(2));
     return 0;
@@ -277,10 +305,11 @@ int main(int argc, char** argv) {
   fmt::print("modelled PCIe {:.1f} GB/s; model A {:.2f} GB, model B {:.2f} GB (packed layouts)\n",
              pcie / 1e9, layout_a.bytes() / 1e9, layout_b.bytes() / 1e9);
   fmt::print(
-      "1. prewarm of B: thaw {:.3f} s = {:.1f} % of PCIe ({} copies, {} pages); naive "
-      "create+map all, then copy {:.3f} s = {:.1f} % (its modelled floor {:.3f} s = {:.1f} "
-      "%)  (targets >= 95 %: {}, <= 70 %: {})\n",
-      prewarm_b.seconds, 100 * thaw_rate / pcie, prewarm_b.copies, prewarm_b.pages_mapped, naive_s,
+      "1. prewarm of B (3 runs: {:.3f} {:.3f} {:.3f} s): thaw median {:.3f} s = {:.1f} % of "
+      "PCIe ({} copies, {} pages); naive create+map all, then copy {:.3f} s = {:.1f} % (its "
+      "modelled floor {:.3f} s = {:.1f} %)  (targets >= 95 %: {}, <= 70 %: {})\n",
+      prewarms[0].seconds, prewarms[1].seconds, prewarms[2].seconds, prewarm_b.seconds,
+      100 * thaw_rate / pcie, prewarm_b.copies, prewarm_b.pages_mapped, naive_s,
       100 * naive_rate / pcie, naive_model_s, 100 * layout_b.bytes() / naive_model_s / pcie,
       verdict(thaw_rate / pcie >= 0.95), verdict(naive_rate / pcie <= 0.70));
   fmt::print(
@@ -291,9 +320,11 @@ int main(int argc, char** argv) {
       window.creates_or_maps, window.weight_maps_after_prewarm,
       trace ? "" : " (THAW_EMU_TRACE unset: not checked)");
   fmt::print(
-      "3. switch A -> B until B can serve: {:.3f} ms ({:.3f} ms with 256 MiB of KV); cold "
-      "load of B {:.3f} s; speedup {:.0f}x ({:.0f}x)  (target >= 50x: {})\n",
-      switch_s * 1e3, switch_256_s * 1e3, cold_s, cold_s / switch_s, cold_s / switch_256_s,
-      verdict(cold_s / switch_s >= 50));
+      "3. switch A -> B until B can serve (5 runs): median {:.3f} ms, max {:.3f} ms ({:.3f} ms "
+      "with 256 MiB of KV); cold load of B {:.3f} s (its modelled floor {:.3f} s); speedup "
+      "{:.0f}x, {:.0f}x against the floor ({:.0f}x with 256 MiB of KV)  (target >= 50x: {})\n",
+      switch_s * 1e3, switch_max_s * 1e3, switch_256_s * 1e3, cold_s, cold_floor_s,
+      cold_s / switch_s, cold_floor_s / switch_s, cold_s / switch_256_s,
+      verdict(cold_s / switch_s >= 50 && cold_floor_s / switch_s >= 50));
   return 0;
 }

@@ -14,6 +14,14 @@ const char* env(const char* name) {
   return (v != nullptr && *v != '\0') ? v : nullptr;
 }
 
+// An on/off setting: 0/off/false or 1/on/true.
+std::expected<bool, std::string> parse_switch(const char* var, const char* text) {
+  const std::string s(text);
+  if (s == "0" || s == "off" || s == "false") return false;
+  if (s == "1" || s == "on" || s == "true") return true;
+  return std::unexpected(fmt::format("{}='{}' must be 0 or 1", var, text));
+}
+
 std::expected<double, std::string> parse_positive(const char* var, const char* text) {
   char* end = nullptr;
   double v = std::strtod(text, &end);
@@ -85,24 +93,12 @@ std::expected<Config, std::string> config_from_env() {
   }
   if (const char* v = env("THAW_EMU_DEVICE_NAME")) c.device_name = v;
   if (const char* v = env("THAW_EMU_STATE_DIR")) c.state_dir = v;
-  if (const char* v = env("THAW_EMU_TIMING")) {
-    std::string s(v);
-    if (s == "0" || s == "off" || s == "false") {
-      c.timing = false;
-    } else if (s == "1" || s == "on" || s == "true") {
-      c.timing = true;
-    } else {
-      return std::unexpected(fmt::format("THAW_EMU_TIMING='{}' must be 0 or 1", v));
-    }
-  }
-  if (const char* v = env("THAW_EMU_PREFAULT")) {
-    std::string s(v);
-    if (s == "0" || s == "off" || s == "false") {
-      c.prefault = false;
-    } else if (s == "1" || s == "on" || s == "true") {
-      c.prefault = true;
-    } else {
-      return std::unexpected(fmt::format("THAW_EMU_PREFAULT='{}' must be 0 or 1", v));
+  for (auto [var, field] :
+       {std::pair{"THAW_EMU_TIMING", &c.timing}, std::pair{"THAW_EMU_PREFAULT", &c.prefault}}) {
+    if (const char* v = env(var)) {
+      auto b = parse_switch(var, v);
+      if (!b) return std::unexpected(b.error());
+      *field = *b;
     }
   }
   if (const char* v = env("THAW_EMU_PCIE_GBPS")) {
