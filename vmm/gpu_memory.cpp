@@ -82,9 +82,12 @@ VmmResult<std::unique_ptr<GpuMemory>> GpuMemory::create(std::shared_ptr<const cu
     if (!total) return std::unexpected(driver_error(total.error(), "device memory size"));
     pool_bytes = static_cast<std::uint64_t>(static_cast<double>(*total) * config.pool_share);
   }
+  auto total = driver->device_total_mem(*device);
+  if (!total) return std::unexpected(driver_error(total.error(), "device memory size"));
   auto pool = PagePool::create(driver, *device, pool_bytes);
   if (!pool) return std::unexpected(pool.error());
   gpu->pool_ = std::move(*pool);
+  gpu->slot_pages_ = std::max(*total / gpu->pool_->page_bytes(), gpu->pool_->page_count());
   auto range = driver->stream_priority_range();
   if (!range) return std::unexpected(driver_error(range.error(), "stream priorities"));
   // Least priority: prewarm copies yield to the active engine's work on the same GPU.
@@ -178,7 +181,9 @@ VmmResult<SlotId> GpuMemory::create_slot(std::string model) {
                                    slots_.size()));
   }
   const SlotId id = next_slot_++;
-  auto va = PrewarmSlot::create(driver_, device_, id, pool_->page_count(), pool_->page_bytes());
+  // VA for the whole device, as an engine sees it: an engine layout's offsets may lie
+  // anywhere an engine could have allocated, even where the pool does not reach.
+  auto va = PrewarmSlot::create(driver_, device_, id, slot_pages_, pool_->page_bytes());
   if (!va) return std::unexpected(va.error());
   auto s = std::make_unique<Slot>();
   s->va = std::move(*va);
@@ -284,7 +289,7 @@ VmmResult<PrewarmReport> GpuMemory::prewarm(SlotId id, const WeightLayout& layou
                       "before prewarming another layout into it",
                       id, s->weight_bytes, layout.extent()));
     }
-    if (pages_for(layout.extent(), page) > s->va->page_count()) {
+    if (pages_for(layout.extent(), page) > std::min(s->va->page_count(), pool_->page_count())) {
       return vmm_failure(VmmErrc::invalid_argument,
                          fmt::format("slot {}: {} bytes of weights do not fit the GPU's pool of "
                                      "{} bytes",

@@ -185,7 +185,8 @@ class GpuMemory {
   CUdevice device_;
   CUcontext context_;
   std::unique_ptr<PagePool> pool_;
-  CUstream stream_ = nullptr;  // low-priority prewarm copies
+  std::size_t slot_pages_ = 0;  // each slot's VA, in pages: the device's whole memory
+  CUstream stream_ = nullptr;   // low-priority prewarm copies
   // Pinned staging buffers for prewarm copies, each with the event of its last copy. A
   // copy from pageable memory returns only once it is done (the driver stages it itself),
   // which would serialise page mapping with transfer; from pinned memory it is queued.

@@ -1,4 +1,4 @@
-// PrewarmSlot: one model's view of a GPU — a VA reservation as large as the pool, weights
+// PrewarmSlot: one model's view of a GPU — a VA reservation as large as its memory, weights
 // at its start and the KV cache after them — and which pool page backs each of its pages.
 //
 // A slot only maps and unmaps (cuMemMap + cuMemSetAccess, cuMemUnmap); which pages it may

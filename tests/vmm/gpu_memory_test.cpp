@@ -144,6 +144,29 @@ TEST_F(GpuMemoryTest, PrewarmOfTheFirstLayersThenTheRest) {
   expect_consistent();
 }
 
+TEST_F(GpuMemoryTest, PartlyPrewarmedSlotServesAndLoadsTheRestWhileActive) {
+  start();
+  make_model();
+  auto id = gpu_->create_slot("partial-active");
+  ASSERT_TRUE(id);
+  PrewarmOptions first;
+  first.layers = 2;
+  ASSERT_TRUE(gpu_->prewarm(*id, *layout_, *source_, first));
+  // WarmServe §4.1: the first layers are enough to start; the rest streams in meanwhile.
+  auto report = gpu_->activate(*id, ActivationOptions{4 * kMiB});
+  ASSERT_TRUE(report) << report.error().message;
+  EXPECT_EQ(report->kv_offset % gpu_->pool().page_bytes, 0u);
+  EXPECT_GE(report->kv_offset, layout_->extent());  // KV after the whole layout, not the prefix
+  ASSERT_TRUE(gpu_->ensure_kv(*id, 4 * kMiB));
+  auto rest = gpu_->prewarm(*id, *layout_, *source_);
+  ASSERT_TRUE(rest) << rest.error().message;
+  auto info = gpu_->slot(*id);
+  EXPECT_EQ(info->state, SlotState::active);
+  EXPECT_TRUE(info->complete());
+  expect_bytes(*id, *layout_);
+  expect_consistent();
+}
+
 TEST_F(GpuMemoryTest, ActivateMapsKvInTheBackgroundAndDeactivateReturnsIt) {
   start();
   make_model();

@@ -95,6 +95,14 @@ TEST_F(CacheWeightSourceTest, PrewarmCopiesEachRangeAsItsChunksAreVerified) {
   for (std::uint64_t c = 0; c < 6; ++c) land(c);
   std::this_thread::sleep_for(200ms);
   EXPECT_LT(progress.load(), kFileBytes - 6 * kChunk) << "copied bytes that were not verified";
+  // Meanwhile the slot is loading: it can be neither activated nor evicted.
+  EXPECT_EQ(gpu_->slot(*slot)->state, vmm::SlotState::loading);
+  auto early = gpu_->activate(*slot);
+  ASSERT_FALSE(early);
+  EXPECT_EQ(early.error().code, vmm::VmmErrc::bad_state);
+  EXPECT_NE(early.error().message.find("wait for its prewarm"), std::string::npos)
+      << early.error().message;
+  EXPECT_EQ(gpu_->evict(*slot).error().code, vmm::VmmErrc::bad_state);
   for (std::uint64_t c = 6; c < 13; ++c) land(c);
   prewarm.join();
   ASSERT_TRUE(*result) << result->error().message;
