@@ -1,4 +1,4 @@
-#include "byte_size.hpp"
+#include "common/text/byte_size.hpp"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <charconv>
 #include <cmath>
 
-namespace thaw::fetch_cli {
+namespace thaw::text {
 
 std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
   std::size_t digits = 0;
@@ -52,4 +52,4 @@ std::string format_duration(std::optional<double> seconds) {
   return h > 0 ? fmt::format("{}:{:02}:{:02}", h, m, s) : fmt::format("{}:{:02}", m, s);
 }
 
-}  // namespace thaw::fetch_cli
+}  // namespace thaw::text

@@ -1,0 +1,232 @@
+#include "daemon/config/thawd_config.hpp"
+
+#include <fmt/format.h>
+
+#include <toml++/toml.h>
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "common/text/byte_size.hpp"
+
+namespace thaw::daemon {
+
+namespace {
+
+using Fail = std::unexpected<ConfigError>;
+
+std::string where(std::string_view origin, const toml::source_region& at) {
+  return fmt::format("{}:{}:{}", origin, at.begin.line, at.begin.column);
+}
+
+Fail bad(std::string_view origin, const toml::node& node, std::string_view key,
+         std::string_view problem) {
+  return Fail(ConfigError{fmt::format("{}: {}: {}", where(origin, node.source()), key, problem)});
+}
+
+// Reads the keys of one table; refuses keys it does not know.
+class Section {
+ public:
+  Section(const toml::table& root, std::string_view name, std::string_view origin)
+      : origin_(origin), name_(name) {
+    if (const toml::node* n = root.get(name)) table_ = n->as_table();
+  }
+
+  std::expected<void, ConfigError> only(std::initializer_list<std::string_view> known) const {
+    if (table_ == nullptr) return {};
+    for (const auto& [key, node] : *table_) {
+      if (std::find(known.begin(), known.end(), key.str()) == known.end()) {
+        std::string list;
+        for (auto k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+        return bad(origin_, node, fmt::format("{}.{}", name_, key.str()),
+                   fmt::format("unknown key; [{}] takes {}", name_, list));
+      }
+    }
+    return {};
+  }
+
+  const toml::node* get(std::string_view key) const {
+    return table_ == nullptr ? nullptr : table_->get(key);
+  }
+  std::string key(std::string_view k) const { return fmt::format("{}.{}", name_, k); }
+  std::string_view origin() const { return origin_; }
+
+ private:
+  std::string_view origin_;
+  std::string_view name_;
+  const toml::table* table_ = nullptr;
+};
+
+std::expected<void, ConfigError> read_string(const Section& s, std::string_view k,
+                                             std::string& out) {
+  const toml::node* n = s.get(k);
+  if (n == nullptr) return {};
+  auto v = n->value<std::string>();
+  if (!v || !n->is_string()) return bad(s.origin(), *n, s.key(k), "must be a string");
+  out = *v;
+  return {};
+}
+
+std::expected<void, ConfigError> read_path(const Section& s, std::string_view k,
+                                           std::filesystem::path& out) {
+  std::string text = out.string();
+  if (auto ok = read_string(s, k, text); !ok) return ok;
+  if (text.empty() || text.front() != '/') {
+    return bad(s.origin(), *s.get(k), s.key(k), fmt::format("'{}' is not an absolute path", text));
+  }
+  out = text;
+  return {};
+}
+
+std::expected<void, ConfigError> read_count(const Section& s, std::string_view k,
+                                            std::uint32_t& out, std::int64_t lo, std::int64_t hi) {
+  const toml::node* n = s.get(k);
+  if (n == nullptr) return {};
+  auto v = n->value<std::int64_t>();
+  if (!n->is_integer() || !v) return bad(s.origin(), *n, s.key(k), "must be an integer");
+  if (*v < lo || *v > hi) {
+    return bad(s.origin(), *n, s.key(k), fmt::format("{} is outside {}..{}", *v, lo, hi));
+  }
+  out = static_cast<std::uint32_t>(*v);
+  return {};
+}
+
+std::expected<void, ConfigError> read_size(const Section& s, std::string_view k,
+                                           std::uint64_t& out) {
+  const toml::node* n = s.get(k);
+  if (n == nullptr) return {};
+  if (n->is_integer() && n->value<std::int64_t>().value_or(0) > 0) {
+    out = static_cast<std::uint64_t>(*n->value<std::int64_t>());
+    return {};
+  }
+  if (n->is_string()) {
+    if (auto size = text::parse_byte_size(*n->value<std::string>())) {
+      out = *size;
+      return {};
+    }
+  }
+  return bad(s.origin(), *n, s.key(k),
+             "must be a size such as \"64GiB\", \"500GB\" or a number of bytes (> 0)");
+}
+
+std::expected<void, ConfigError> read_metrics_listen(const Section& s, std::string& out) {
+  if (auto ok = read_string(s, "listen", out); !ok) return ok;
+  if (out.empty()) return {};
+  const auto colon = out.rfind(':');
+  const std::string host = colon == std::string::npos ? out : out.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : out.substr(colon + 1);
+  const bool loopback = host == "127.0.0.1" || host == "localhost" || host == "[::1]";
+  int p = 0;
+  const bool port_ok = !port.empty() && port.find_first_not_of("0123456789") == std::string::npos &&
+                       port.size() <= 5 && (p = std::stoi(port)) > 0 && p < 65536;
+  if (!loopback || !port_ok) {
+    return bad(s.origin(), *s.get("listen"), s.key("listen"),
+               fmt::format("'{}' must be a loopback address and port, e.g. \"127.0.0.1:9400\" "
+                           "(metrics are never served off the node), or \"\" for none",
+                           out));
+  }
+  return {};
+}
+
+std::string slurp(std::ifstream& in) {
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+}  // namespace
+
+std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
+                                                     std::string_view origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    return Fail(ConfigError{fmt::format("{}: {}; fix the TOML syntax there",
+                                        where(origin, e.source()), e.description())});
+  }
+  static const std::set<std::string_view> kSections = {"node", "store", "gpu",
+                                                       "shim", "dbus",  "metrics"};
+  for (const auto& [key, node] : root) {
+    if (!kSections.contains(key.str()) || !node.is_table()) {
+      return bad(origin, node, key.str(),
+                 node.is_table() ? "unknown section; thawd.toml has [node], [store], [gpu], "
+                                   "[shim], [dbus] and [metrics]"
+                                 : "top-level keys belong in a section such as [store]");
+    }
+  }
+  ThawdConfig c;
+  const Section node(root, "node", origin), store(root, "store", origin), gpu(root, "gpu", origin),
+      shim(root, "shim", origin), dbus(root, "dbus", origin), metrics(root, "metrics", origin);
+  for (auto ok :
+       {node.only({"id"}), store.only({"cache_dir", "cache_budget", "registry", "connections"}),
+        gpu.only({"pool_share", "max_slots"}), shim.only({"socket", "allow_groups"}),
+        dbus.only({"bus"}), metrics.only({"listen"})}) {
+    if (!ok) return Fail(ok.error());
+  }
+  for (auto ok :
+       {read_string(node, "id", c.node_id), read_path(store, "cache_dir", c.cache_dir),
+        read_size(store, "cache_budget", c.cache_budget_bytes),
+        read_string(store, "registry", c.registry),
+        read_count(store, "connections", c.connections, 1, 256),
+        read_count(gpu, "max_slots", c.max_slots, 1, 64), read_path(shim, "socket", c.socket_path),
+        read_string(dbus, "bus", c.bus), read_metrics_listen(metrics, c.metrics_listen)}) {
+    if (!ok) return Fail(ok.error());
+  }
+  if (const toml::node* n = gpu.get("pool_share")) {
+    auto v = n->value<double>();
+    if (!v || !(n->is_floating_point() || n->is_integer()) || *v <= 0 || *v > 1) {
+      return bad(origin, *n, "gpu.pool_share", "must be a number in (0, 1], e.g. 0.9");
+    }
+    c.pool_share = *v;
+  }
+  if (const toml::node* n = shim.get("allow_groups")) {
+    const toml::array* groups = n->as_array();
+    if (groups == nullptr) {
+      return bad(origin, *n, "shim.allow_groups", "must be an array of group names");
+    }
+    c.allow_groups.clear();
+    for (const toml::node& g : *groups) {
+      auto name = g.value<std::string>();
+      if (!g.is_string() || !name || name->empty()) {
+        return bad(origin, g, "shim.allow_groups", "every entry must be a group name");
+      }
+      c.allow_groups.push_back(*name);
+    }
+  }
+  if (c.bus != "system" && c.bus != "user" && c.bus.find(':') == std::string::npos) {
+    return bad(origin, *dbus.get("bus"), "dbus.bus",
+               fmt::format("'{}' is not \"system\", \"user\" or a D-Bus address such as "
+                           "\"unix:path=/run/thaw/test-bus\"",
+                           c.bus));
+  }
+  return c;
+}
+
+std::expected<ThawdConfig, ConfigError> load_config(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return ThawdConfig{};
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return Fail(
+        ConfigError{fmt::format("{}: cannot be read; check its permissions (thawd reads "
+                                "it as root)",
+                                path.string())});
+  }
+  return parse_config(slurp(in), path.string());
+}
+
+std::vector<std::string> restart_needed(const ThawdConfig& a, const ThawdConfig& b) {
+  std::vector<std::string> out;
+  if (a.node_id != b.node_id) out.push_back("node.id");
+  if (a.cache_dir != b.cache_dir) out.push_back("store.cache_dir");
+  if (a.pool_share != b.pool_share) out.push_back("gpu.pool_share");
+  if (a.max_slots != b.max_slots) out.push_back("gpu.max_slots");
+  if (a.socket_path != b.socket_path) out.push_back("shim.socket");
+  if (a.bus != b.bus) out.push_back("dbus.bus");
+  if (a.metrics_listen != b.metrics_listen) out.push_back("metrics.listen");
+  return out;
+}
+
+}  // namespace thaw::daemon

@@ -1,0 +1,55 @@
+// thawd's configuration: /etc/thaw/thawd.toml (see packaging/thawd.toml for every key with
+// its default). Every key is optional; an unknown key, a value of the wrong type or out of
+// range is an error naming the file, line, column and key, and saying what is accepted —
+// a typo must not silently leave a default in place.
+//
+// reloadable() says which settings SIGHUP may change while thawd runs; the others need a
+// restart (thawd says so in its log when a reload tries to change them).
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace thaw::daemon {
+
+inline constexpr const char* kDefaultConfigPath = "/etc/thaw/thawd.toml";
+
+struct ThawdConfig {
+  // [node]
+  std::string node_id;  // "" = the machine id (/etc/machine-id), else the hostname
+  // [store]
+  std::filesystem::path cache_dir = "/var/cache/thaw";
+  std::uint64_t cache_budget_bytes = 64ull << 30;
+  std::string registry;           // "" = none: Fetch needs a registry argument
+  std::uint32_t connections = 8;  // parallel HTTP connections per fetch
+  // [gpu]
+  double pool_share = 0.9;  // of each GPU's memory, for prewarm slots and KV
+  std::uint32_t max_slots = 8;
+  // [shim]
+  std::filesystem::path socket_path = "/run/thaw/thawd.sock";
+  std::vector<std::string> allow_groups = {"thaw"};  // besides root
+  // [dbus]
+  std::string bus = "system";  // "system", "user", or a D-Bus address ("unix:path=...")
+  // [metrics]
+  std::string metrics_listen;  // "" = off; "127.0.0.1:PORT" or "[::1]:PORT" (loopback only)
+
+  bool operator==(const ThawdConfig&) const = default;
+};
+
+struct ConfigError {
+  std::string message;  // "<file>:<line>:<column>: <key>: <what is wrong>; <what to do>"
+};
+
+std::expected<ThawdConfig, ConfigError> parse_config(std::string_view toml_text,
+                                                     std::string_view origin);
+// A missing file gives the defaults (a fresh install has none); an unreadable one is an error.
+std::expected<ThawdConfig, ConfigError> load_config(const std::filesystem::path& path);
+
+// Settings that differ between `before` and `after` and cannot change without a restart.
+std::vector<std::string> restart_needed(const ThawdConfig& before, const ThawdConfig& after);
+
+}  // namespace thaw::daemon

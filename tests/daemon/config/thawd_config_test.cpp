@@ -1,0 +1,127 @@
+// thawd.toml: defaults, every key, the shipped example, and errors that name file, line,
+// column and key.
+#include "daemon/config/thawd_config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace thaw::daemon {
+namespace {
+
+TEST(ThawdConfig, EmptyFileGivesTheDefaults) {
+  auto c = parse_config("", "empty.toml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(*c, ThawdConfig{});
+  EXPECT_EQ(c->cache_budget_bytes, 64ull << 30);
+  EXPECT_EQ(c->socket_path, "/run/thaw/thawd.sock");
+}
+
+TEST(ThawdConfig, TheShippedExampleIsTheDefaults) {
+  auto c = load_config(THAW_SOURCE_DIR "/packaging/thawd.toml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(*c, ThawdConfig{});
+}
+
+TEST(ThawdConfig, MissingFileGivesTheDefaults) {
+  auto c = load_config("/nonexistent/thawd.toml");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(*c, ThawdConfig{});
+}
+
+TEST(ThawdConfig, EveryKeyIsRead) {
+  auto c = parse_config(R"(
+[node]
+id = "gpu-7"
+[store]
+cache_dir = "/dev/shm/thaw"
+cache_budget = "1.5GiB"
+registry = "http://127.0.0.1:8080/models"
+connections = 16
+[gpu]
+pool_share = 0.5
+max_slots = 3
+[shim]
+socket = "/tmp/t.sock"
+allow_groups = ["thaw", "ml"]
+[dbus]
+bus = "unix:path=/tmp/bus"
+[metrics]
+listen = "127.0.0.1:9400"
+)",
+                        "full.toml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->node_id, "gpu-7");
+  EXPECT_EQ(c->cache_dir, "/dev/shm/thaw");
+  EXPECT_EQ(c->cache_budget_bytes, 3ull << 29);
+  EXPECT_EQ(c->registry, "http://127.0.0.1:8080/models");
+  EXPECT_EQ(c->connections, 16u);
+  EXPECT_DOUBLE_EQ(c->pool_share, 0.5);
+  EXPECT_EQ(c->max_slots, 3u);
+  EXPECT_EQ(c->socket_path, "/tmp/t.sock");
+  EXPECT_EQ(c->allow_groups, (std::vector<std::string>{"thaw", "ml"}));
+  EXPECT_EQ(c->bus, "unix:path=/tmp/bus");
+  EXPECT_EQ(c->metrics_listen, "127.0.0.1:9400");
+
+  auto bytes = parse_config("[store]\ncache_budget = 1048576\n", "b.toml");
+  ASSERT_TRUE(bytes);
+  EXPECT_EQ(bytes->cache_budget_bytes, 1048576u);
+}
+
+TEST(ThawdConfig, ErrorsNameFileLineKeyAndFix) {
+  struct Case {
+    const char* text;
+    const char* needles[3];
+  };
+  const Case cases[] = {
+      {"[store]\ncache_budgte = \"1GiB\"\n", {"bad.toml:2:1", "store.cache_budgte", "unknown key"}},
+      {"[stor]\nx = 1\n", {"bad.toml:1:1", "stor", "unknown section"}},
+      {"registry = \"x\"\n", {"bad.toml:1:1", "registry", "section"}},
+      {"[store]\ncache_budget = \"lots\"\n", {":2:", "store.cache_budget", "64GiB"}},
+      {"[store]\ncache_budget = -5\n", {":2:", "store.cache_budget", "> 0"}},
+      {"[store]\nconnections = 0\n", {":2:", "store.connections", "1..256"}},
+      {"[store]\nconnections = \"8\"\n", {":2:", "store.connections", "integer"}},
+      {"[store]\ncache_dir = \"relative/dir\"\n", {":2:", "store.cache_dir", "absolute"}},
+      {"[gpu]\npool_share = 1.5\n", {":2:", "gpu.pool_share", "(0, 1]"}},
+      {"[shim]\nallow_groups = \"thaw\"\n", {":2:", "shim.allow_groups", "array"}},
+      {"[shim]\nallow_groups = [\"thaw\", 3]\n", {":2:", "shim.allow_groups", "group name"}},
+      {"[dbus]\nbus = \"sytem\"\n", {":2:", "dbus.bus", "\"system\""}},
+      {"[metrics]\nlisten = \"0.0.0.0:9400\"\n", {":2:", "metrics.listen", "loopback"}},
+      {"[metrics]\nlisten = \"127.0.0.1:99999\"\n", {":2:", "metrics.listen", "loopback"}},
+      {"[store\n", {"bad.toml:1:", "TOML", "fix"}},
+  };
+  for (const Case& c : cases) {
+    auto parsed = parse_config(c.text, "bad.toml");
+    ASSERT_FALSE(parsed) << c.text;
+    for (const char* needle : c.needles) {
+      EXPECT_NE(parsed.error().message.find(needle), std::string::npos)
+          << "'" << needle << "' missing from: " << parsed.error().message;
+    }
+    EXPECT_EQ(parsed.error().message.find('\n'), std::string::npos) << parsed.error().message;
+  }
+}
+
+TEST(ThawdConfig, UnreadableFileIsAnError) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root reads any file";
+  const auto path = std::filesystem::temp_directory_path() / "thawd-unreadable.toml";
+  std::ofstream(path) << "[node]\n";
+  std::filesystem::permissions(path, std::filesystem::perms::none);
+  auto c = load_config(path);
+  std::filesystem::remove(path);
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("cannot be read"), std::string::npos);
+}
+
+TEST(ThawdConfig, RestartNeededListsWhatAReloadCannotChange) {
+  ThawdConfig a, b;
+  b.cache_budget_bytes = 1;  // live
+  b.registry = "http://x";   // live
+  EXPECT_TRUE(restart_needed(a, b).empty());
+  b.socket_path = "/tmp/other.sock";
+  b.pool_share = 0.5;
+  EXPECT_EQ(restart_needed(a, b), (std::vector<std::string>{"gpu.pool_share", "shim.socket"}));
+}
+
+}  // namespace
+}  // namespace thaw::daemon
