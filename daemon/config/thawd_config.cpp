@@ -207,6 +207,10 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
 std::expected<ThawdConfig, ConfigError> load_config(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return ThawdConfig{};
+  if (std::filesystem::is_directory(path, ec)) {
+    return Fail(ConfigError{fmt::format("{}: is a directory; give the path of the TOML file",
+                                        path.string())});
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return Fail(

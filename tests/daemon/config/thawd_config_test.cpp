@@ -102,15 +102,10 @@ TEST(ThawdConfig, ErrorsNameFileLineKeyAndFix) {
   }
 }
 
-TEST(ThawdConfig, UnreadableFileIsAnError) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root reads any file";
-  const auto path = std::filesystem::temp_directory_path() / "thawd-unreadable.toml";
-  std::ofstream(path) << "[node]\n";
-  std::filesystem::permissions(path, std::filesystem::perms::none);
-  auto c = load_config(path);
-  std::filesystem::remove(path);
+TEST(ThawdConfig, ADirectoryIsNotAConfigFile) {
+  auto c = load_config(std::filesystem::temp_directory_path());
   ASSERT_FALSE(c);
-  EXPECT_NE(c.error().message.find("cannot be read"), std::string::npos);
+  EXPECT_NE(c.error().message.find("is a directory"), std::string::npos) << c.error().message;
 }
 
 TEST(ThawdConfig, RestartNeededListsWhatAReloadCannotChange) {
