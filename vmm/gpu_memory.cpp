@@ -44,6 +44,8 @@ struct GpuMemory::Slot {
   std::optional<VmmError> kv_error;
   // Pages lent to this slot by the active one and not mapped yet.
   std::vector<PageId> lent_unused;
+  // A prewarm is copying into the slot (also while it is active): its pages must stay.
+  bool prewarming = false;
 };
 
 namespace {
@@ -299,7 +301,12 @@ VmmResult<PrewarmReport> GpuMemory::prewarm(SlotId id, const WeightLayout& layou
     begin = s->loaded_bytes;
     if (end <= begin) return PrewarmReport{};
     before = s->state;
+    if (s->prewarming) {
+      return vmm_failure(VmmErrc::bad_state,
+                         fmt::format("slot {} ({}) is being prewarmed already", id, s->model));
+    }
     if (before != SlotState::active) s->state = SlotState::loading;
+    s->prewarming = true;
     s->weight_bytes = layout.extent();
   }
 
@@ -319,6 +326,7 @@ VmmResult<PrewarmReport> GpuMemory::prewarm(SlotId id, const WeightLayout& layou
       }
     }
     s->state = before;
+    s->prewarming = false;
     // A page whose unmap failed stays mapped in the weights region, so the region keeps
     // its size until nothing is mapped there.
     if (s->loaded_bytes == 0 && s->va->mapped_count() == 0) s->weight_bytes = 0;
@@ -401,6 +409,7 @@ VmmResult<PrewarmReport> GpuMemory::prewarm(SlotId id, const WeightLayout& layou
     s->loaded_bytes = end;
     s->layers_resident = end < layout.extent() && options.layers ? *options.layers : -1;
     if (before != SlotState::active) s->state = SlotState::prewarmed;
+    s->prewarming = false;
     s->prewarmed_at = ++prewarm_clock_;
   }
   changed_.notify_all();
@@ -551,6 +560,12 @@ VmmResult<void> GpuMemory::deactivate(SlotId id) {
     if ((*found)->state != SlotState::active) {
       return vmm_failure(VmmErrc::bad_state,
                          fmt::format("slot {} is {}, not active", id, to_string((*found)->state)));
+    }
+    if ((*found)->prewarming) {
+      return vmm_failure(VmmErrc::bad_state,
+                         fmt::format("slot {} is still being prewarmed; deactivate it when its "
+                                     "prewarm returns",
+                                     id));
     }
     (*found)->state = SlotState::draining;
   }
