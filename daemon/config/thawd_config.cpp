@@ -208,8 +208,8 @@ std::expected<ThawdConfig, ConfigError> load_config(const std::filesystem::path&
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return ThawdConfig{};
   if (std::filesystem::is_directory(path, ec)) {
-    return Fail(ConfigError{fmt::format("{}: is a directory; give the path of the TOML file",
-                                        path.string())});
+    return Fail(ConfigError{
+        fmt::format("{}: is a directory; give the path of the TOML file", path.string())});
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -225,6 +225,7 @@ std::vector<std::string> restart_needed(const ThawdConfig& a, const ThawdConfig&
   std::vector<std::string> out;
   if (a.node_id != b.node_id) out.push_back("node.id");
   if (a.cache_dir != b.cache_dir) out.push_back("store.cache_dir");
+  if (a.cache_budget_bytes != b.cache_budget_bytes) out.push_back("store.cache_budget");
   if (a.pool_share != b.pool_share) out.push_back("gpu.pool_share");
   if (a.max_slots != b.max_slots) out.push_back("gpu.max_slots");
   if (a.socket_path != b.socket_path) out.push_back("shim.socket");

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/cuda/driver.hpp"
+#include "temp_dir.hpp"
 #include "thaw/emu_inspect.h"
 
 namespace thaw::vmm::testing {
@@ -71,22 +72,7 @@ inline void generate_model(const fs::path& dir, int layers = 4, int embd = 256,
   if (rc != 0) throw std::runtime_error("thaw-genmodel exited with " + std::to_string(rc));
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "thaw-vmm-XXXXXX").string();
-    if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp");
-    path_ = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using thaw::testing::TempDir;
 
 inline std::vector<std::byte> read_range(const fs::path& path, std::uint64_t offset,
                                          std::uint64_t length) {

@@ -110,12 +110,15 @@ TEST(ThawdConfig, ADirectoryIsNotAConfigFile) {
 
 TEST(ThawdConfig, RestartNeededListsWhatAReloadCannotChange) {
   ThawdConfig a, b;
-  b.cache_budget_bytes = 1;  // live
-  b.registry = "http://x";   // live
+  b.registry = "http://x";  // live
+  b.connections = 2;        // live
+  b.allow_groups = {"ml"};  // live
   EXPECT_TRUE(restart_needed(a, b).empty());
   b.socket_path = "/tmp/other.sock";
   b.pool_share = 0.5;
-  EXPECT_EQ(restart_needed(a, b), (std::vector<std::string>{"gpu.pool_share", "shim.socket"}));
+  b.cache_budget_bytes = 1;
+  EXPECT_EQ(restart_needed(a, b),
+            (std::vector<std::string>{"store.cache_budget", "gpu.pool_share", "shim.socket"}));
 }
 
 }  // namespace

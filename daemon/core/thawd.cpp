@@ -1,0 +1,131 @@
+#include "daemon/core/thawd.hpp"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+
+#include "common/text/byte_size.hpp"
+#include "daemon/core/log.hpp"
+
+namespace thaw::daemon {
+
+std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem::path config_path,
+                                                                ServiceNotifier& notifier) {
+  // Block the signals the loop takes before any thread exists (the GPU managers start
+  // some): a process-directed SIGHUP would otherwise kill thawd through a thread that
+  // does not block it.
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&mask, sig);
+  if (sigprocmask(SIG_BLOCK, &mask, nullptr) != 0) return std::unexpected("cannot block signals");
+
+  auto config = load_config(config_path);
+  if (!config) return std::unexpected(config.error().message);
+  std::unique_ptr<Thawd> d(new Thawd(std::move(config_path), notifier, std::move(*config)));
+  const ThawdConfig& c = d->config_;
+
+  notifier.status("opening the host cache");
+  auto cache =
+      store::HostCache::open(store::HostCacheConfig{c.cache_dir, c.cache_budget_bytes, {}, {}});
+  if (!cache) {
+    return std::unexpected(
+        fmt::format("store.cache_dir {}: {}", c.cache_dir.string(), cache.error().message));
+  }
+  d->cache_.emplace(std::move(*cache));
+
+  notifier.status("taking the GPUs' memory");
+  auto driver = cuda::Driver::load();
+  if (!driver) {
+    log(LogLevel::warning,
+        fmt::format("no CUDA driver ({}); serving the model store only: prewarm and activation "
+                    "are unavailable until thawd is restarted on a node with a driver",
+                    driver.error().what()));
+  } else {
+    d->driver_ = *driver;
+    int count = 0;
+    if (auto ok = d->driver_->init(); ok) count = d->driver_->device_count().value_or(0);
+    for (int i = 0; i < count; ++i) {
+      vmm::GpuMemoryConfig gc;
+      gc.ordinal = i;
+      gc.pool_share = c.pool_share;
+      gc.max_slots = c.max_slots;
+      auto gpu = vmm::GpuMemory::create(d->driver_, gc);
+      if (!gpu) return std::unexpected(fmt::format("GPU {}: {}", i, gpu.error().message));
+      const auto pool = (*gpu)->pool();
+      log(LogLevel::info,
+          fmt::format("GPU {}: {} pool of {} pages", i,
+                      text::format_bytes(static_cast<double>(pool.pages * pool.page_bytes)),
+                      pool.pages),
+          {{"GPU", std::to_string(i)}});
+      d->gpus_.push_back(std::move(*gpu));
+    }
+  }
+
+  // Signals arrive through the loop (they are blocked above), never asynchronously.
+  if (sd_event_default(&d->event_) < 0) return std::unexpected("cannot create the event loop");
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    sd_event_source* source = nullptr;
+    if (sd_event_add_signal(d->event_, &source, sig, &Thawd::on_signal, d.get()) < 0) {
+      return std::unexpected(fmt::format("cannot watch signal {}", sig));
+    }
+    d->sources_.push_back(source);
+  }
+  // WATCHDOG=1 at half of $WATCHDOG_USEC, when systemd set it.
+  (void)sd_event_set_watchdog(d->event_, 1);
+  notifier.ready(d->status_line());
+  log(LogLevel::notice, "ready: " + d->status_line());
+  return d;
+}
+
+Thawd::Thawd(std::filesystem::path config_path, ServiceNotifier& notifier, ThawdConfig config)
+    : config_path_(std::move(config_path)), notifier_(notifier), config_(std::move(config)) {}
+
+Thawd::~Thawd() {
+  for (sd_event_source* s : sources_) sd_event_source_unref(s);
+  // GPU memory first: every slot and page back to the driver before the process exits.
+  gpus_.clear();
+  if (event_ != nullptr) sd_event_unref(event_);
+}
+
+std::string Thawd::status_line() const {
+  return fmt::format("{} GPU(s), cache {} of {}", gpus_.size(),
+                     text::format_bytes(static_cast<double>(cache_->bytes_used())),
+                     text::format_bytes(static_cast<double>(config_.cache_budget_bytes)));
+}
+
+int Thawd::on_signal(sd_event_source*, const struct signalfd_siginfo* info, void* self) {
+  auto* d = static_cast<Thawd*>(self);
+  if (info->ssi_signo == SIGHUP) {
+    d->reload();
+    return 0;
+  }
+  d->notifier_.stopping("stopping: releasing GPU memory");
+  log(LogLevel::notice, fmt::format("signal {}: stopping", info->ssi_signo));
+  return sd_event_exit(d->event_, 0);
+}
+
+void Thawd::reload() {
+  notifier_.reloading();
+  auto next = load_config(config_path_);
+  if (!next) {
+    log(LogLevel::error, "reload: " + next.error().message + "; keeping the running configuration");
+    notifier_.ready(status_line());
+    return;
+  }
+  for (const std::string& key : restart_needed(config_, *next)) {
+    log(LogLevel::warning,
+        fmt::format("reload: {} changed; it takes effect at the next restart", key));
+  }
+  config_.registry = next->registry;
+  config_.connections = next->connections;
+  config_.allow_groups = next->allow_groups;
+  log(LogLevel::notice, "reloaded " + config_path_.string());
+  notifier_.ready(status_line());
+}
+
+int Thawd::run() {
+  const int rc = sd_event_loop(event_);
+  return rc < 0 ? 1 : rc;
+}
+
+}  // namespace thaw::daemon

@@ -1,0 +1,167 @@
+// thawd's systemd life cycle, with the real binary on the emulator: a test-owned
+// NOTIFY_SOCKET receives STATUS=, READY=1, RELOADING=1 (SIGHUP), READY=1, STOPPING=1
+// (SIGTERM) in that order, and thawd exits 0. A bad configuration fails the start with the
+// file's line in the message; --check-config says the same without starting.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "temp_dir.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+using thaw::testing::TempDir;
+
+// A datagram socket standing in for systemd's notification socket.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const fs::path& path) : path_(path) {
+    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      throw std::runtime_error("bind notify socket");
+    }
+  }
+  ~NotifySocket() { ::close(fd_); }
+  // The next datagram, or "" after `timeout`.
+  std::string next(std::chrono::milliseconds timeout = 20s) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return "";
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "";
+  }
+  // Datagrams until one contains `what` (inclusive); empty vector on timeout.
+  std::vector<std::string> until(const std::string& what) {
+    std::vector<std::string> seen;
+    for (;;) {
+      std::string m = next();
+      if (m.empty()) return {};
+      seen.push_back(m);
+      if (m.find(what) != std::string::npos) return seen;
+    }
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+            const fs::path& stderr_path) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(err, 2);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+class ThawdLifecycle : public ::testing::Test {
+ protected:
+  void write_config(const std::string& extra = "") {
+    std::ofstream(dir_.path() / "thawd.toml")
+        << "[store]\ncache_dir = \"" << (dir_.path() / "cache").string()
+        << "\"\ncache_budget = \"64MiB\"\n[gpu]\npool_share = 0.25\n"
+        << extra;
+  }
+  std::vector<std::string> env() const {
+    return {"NOTIFY_SOCKET=" + (dir_.path() / "notify").string(), "THAW_LIBCUDA=" THAW_EMU_LIBCUDA,
+            "THAW_EMU_DEVICE_MEMORY=256M"};
+  }
+  TempDir dir_;
+};
+
+TEST_F(ThawdLifecycle, ReadyReloadingStoppingInOrderAndACleanExit) {
+  write_config();
+  NotifySocket notify(dir_.path() / "notify");
+  const pid_t pid = spawn({THAWD_PATH, "--config", (dir_.path() / "thawd.toml").string()}, env(),
+                          dir_.path() / "stderr");
+  auto start = notify.until("READY=1");
+  ASSERT_FALSE(start.empty()) << "no READY=1; stderr: " << slurp(dir_.path() / "stderr");
+  ASSERT_GE(start.size(), 2u);  // progress before ready
+  EXPECT_NE(start.front().find("STATUS=opening the host cache"), std::string::npos)
+      << start.front();
+  EXPECT_NE(start.back().find("STATUS=1 GPU(s), cache 0 B of 64.0 MiB"), std::string::npos)
+      << start.back();
+
+  // SIGHUP: a changed live setting is applied, a changed restart-only one is reported.
+  write_config("[shim]\nallow_groups = [\"ml\"]\nsocket = \"/tmp/elsewhere.sock\"\n");
+  ASSERT_EQ(::kill(pid, SIGHUP), 0);
+  auto reload = notify.until("READY=1");
+  ASSERT_FALSE(reload.empty());
+  EXPECT_NE(reload.front().find("RELOADING=1"), std::string::npos) << reload.front();
+
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  auto stop = notify.until("STOPPING=1");
+  ASSERT_FALSE(stop.empty());
+  EXPECT_EQ(wait_exit(pid), 0);
+  const std::string log = slurp(dir_.path() / "stderr");
+  EXPECT_NE(log.find("shim.socket changed; it takes effect at the next restart"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("GPU 0:"), std::string::npos) << log;
+}
+
+TEST_F(ThawdLifecycle, BadConfigFailsTheStartNamingTheLine) {
+  write_config("[shim]\nsocket = \"relative.sock\"\n");
+  NotifySocket notify(dir_.path() / "notify");
+  const pid_t pid = spawn({THAWD_PATH, "--config", (dir_.path() / "thawd.toml").string()}, env(),
+                          dir_.path() / "stderr");
+  EXPECT_EQ(wait_exit(pid), 1);
+  const std::string log = slurp(dir_.path() / "stderr");
+  EXPECT_NE(log.find("thawd.toml:7:"), std::string::npos) << log;
+  EXPECT_NE(log.find("shim.socket"), std::string::npos) << log;
+  const std::string status = notify.next(2s);
+  EXPECT_NE(status.find("STATUS=failed to start"), std::string::npos) << status;
+  EXPECT_EQ(status.find("READY=1"), std::string::npos);
+}
+
+TEST_F(ThawdLifecycle, CheckConfigValidatesWithoutStarting) {
+  write_config();
+  const auto good =
+      spawn({THAWD_PATH, "--check-config", "--config", (dir_.path() / "thawd.toml").string()}, {},
+            dir_.path() / "stderr");
+  EXPECT_EQ(wait_exit(good), 0);
+  write_config("[dbus]\nbus = \"sytem\"\n");
+  const auto bad =
+      spawn({THAWD_PATH, "--check-config", "--config", (dir_.path() / "thawd.toml").string()}, {},
+            dir_.path() / "stderr");
+  EXPECT_EQ(wait_exit(bad), 1);
+  EXPECT_NE(slurp(dir_.path() / "stderr").find("dbus.bus"), std::string::npos);
+}
+
+}  // namespace
