@@ -1,0 +1,26 @@
+#!/bin/bash
+# `systemd-analyze verify` on the shipped unit files, with ExecStart pointed at the built
+# binary. verify exits 0 even for settings it ignores ("Failed to parse ..., ignoring"), so
+# any output at all fails the test; a deliberately broken copy must produce some, so the
+# check itself is known to work.
+# usage: verify_units.sh SOURCE_DIR THAWD_BINARY
+set -euo pipefail
+src=$1 thawd=$2
+command -v systemd-analyze >/dev/null || { echo "systemd-analyze not installed (package systemd)"; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+sed "s|/usr/bin/thawd|$thawd|" "$src/packaging/thawd.service" >"$work/thawd.service"
+if ! out=$(systemd-analyze verify --man=no "$work/thawd.service" 2>&1) || [[ -n $out ]]; then
+  echo "thawd.service does not verify cleanly:"
+  echo "$out"
+  exit 1
+fi
+
+sed 's/^DevicePolicy=closed/DevicePolicy=not-a-policy/' "$work/thawd.service" >"$work/broken.service"
+out=$(systemd-analyze verify --man=no "$work/broken.service" 2>&1 || true)
+if [[ $out != *"not-a-policy"* ]]; then
+  echo "a broken unit went unnoticed; the check is not working: '$out'"
+  exit 1
+fi
+echo "thawd.service: verified"
