@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/signalfd.h>
+#include <systemd/sd-id128.h>
+#include <unistd.h>
 
 #include "common/text/byte_size.hpp"
 #include "daemon/core/log.hpp"
@@ -72,6 +74,12 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   }
   // WATCHDOG=1 at half of $WATCHDOG_USEC, when systemd set it.
   (void)sd_event_set_watchdog(d->event_, 1);
+
+  notifier.status("taking the D-Bus name " + std::string(kBusName));
+  auto bus = ManagerBus::start(c.bus, d->manager_model(), d->event_);
+  if (!bus) return std::unexpected(bus.error());
+  d->bus_ = std::move(*bus);
+  d->state_ = "running";
   notifier.ready(d->status_line());
   log(LogLevel::notice, "ready: " + d->status_line());
   return d;
@@ -81,10 +89,43 @@ Thawd::Thawd(std::filesystem::path config_path, ServiceNotifier& notifier, Thawd
     : config_path_(std::move(config_path)), notifier_(notifier), config_(std::move(config)) {}
 
 Thawd::~Thawd() {
+  bus_.reset();
   for (sd_event_source* s : sources_) sd_event_source_unref(s);
   // GPU memory first: every slot and page back to the driver before the process exits.
   gpus_.clear();
   if (event_ != nullptr) sd_event_unref(event_);
+}
+
+ManagerModel Thawd::manager_model() {
+  ManagerModel m;
+  m.node_id = config_.node_id;
+  if (m.node_id.empty()) {
+    sd_id128_t id;
+    char text[SD_ID128_STRING_MAX];
+    if (sd_id128_get_machine(&id) == 0) {
+      m.node_id = sd_id128_to_string(id, text);
+    } else {
+      char host[256] = {};
+      ::gethostname(host, sizeof(host) - 1);
+      m.node_id = host;
+    }
+  }
+  m.version = THAW_VERSION;
+  m.state = [this] { return state_; };
+  m.cache_bytes_used = [this] { return cache_->bytes_used(); };
+  m.cache_budget_bytes = config_.cache_budget_bytes;
+  m.gpus = [this] {
+    std::vector<GpuSummary> out;
+    for (std::size_t i = 0; i < gpus_.size(); ++i) {
+      const vmm::PoolInfo pool = gpus_[i]->pool();
+      out.push_back(GpuSummary{static_cast<std::uint32_t>(i),
+                               static_cast<std::uint64_t>(pool.pages) * pool.page_bytes,
+                               static_cast<std::uint64_t>(pool.free) * pool.page_bytes,
+                               static_cast<std::uint32_t>(gpus_[i]->slots().size())});
+    }
+    return out;
+  };
+  return m;
 }
 
 std::string Thawd::status_line() const {
@@ -99,6 +140,7 @@ int Thawd::on_signal(sd_event_source*, const struct signalfd_siginfo* info, void
     d->reload();
     return 0;
   }
+  d->state_ = "stopping";
   d->notifier_.stopping("stopping: releasing GPU memory");
   log(LogLevel::notice, fmt::format("signal {}: stopping", info->ssi_signo));
   return sd_event_exit(d->event_, 0);

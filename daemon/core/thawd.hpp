@@ -7,8 +7,8 @@
 // SIGHUP re-reads the configuration: settings that can change live are applied, the others
 // are logged as needing a restart, and the running configuration stays as it was on error.
 //
-// Still to come (issue 7): the D-Bus API and the shim socket (READY=1 will then also wait
-// for the bus name and the listening socket), metrics.
+// READY=1 comes once the D-Bus name org.thaw.Node1 is owned (the Manager object exported).
+// Still to come (issue 7): the shim socket (READY=1 will then also wait for it), metrics.
 #pragma once
 
 #include <systemd/sd-event.h>
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/cuda/driver.hpp"
+#include "daemon/api/manager_dbus.hpp"
 #include "daemon/config/thawd_config.hpp"
 #include "daemon/core/service_notifier.hpp"
 #include "daemon/store/cache/host_cache.hpp"
@@ -45,6 +46,7 @@ class Thawd {
  private:
   Thawd(std::filesystem::path config_path, ServiceNotifier& notifier, ThawdConfig config);
   std::string status_line() const;
+  ManagerModel manager_model();
   void reload();
   static int on_signal(sd_event_source* source, const struct signalfd_siginfo* info, void* self);
 
@@ -54,7 +56,9 @@ class Thawd {
   std::optional<store::HostCache> cache_;
   std::shared_ptr<const cuda::Driver> driver_;
   std::vector<std::unique_ptr<vmm::GpuMemory>> gpus_;
+  std::string state_ = "starting";
   sd_event* event_ = nullptr;
+  std::unique_ptr<ManagerBus> bus_;  // before event_ in destruction order: it is attached
   std::vector<sd_event_source*> sources_;
 };
 

@@ -1,7 +1,9 @@
-// thawd's systemd life cycle, with the real binary on the emulator: a test-owned
-// NOTIFY_SOCKET receives STATUS=, READY=1, RELOADING=1 (SIGHUP), READY=1, STOPPING=1
-// (SIGTERM) in that order, and thawd exits 0. A bad configuration fails the start with the
-// file's line in the message; --check-config says the same without starting.
+// thawd's systemd life cycle and its D-Bus Manager, with the real binary on the emulator, a
+// private dbus-daemon and the real busctl: a test-owned NOTIFY_SOCKET receives STATUS=,
+// READY=1 (only once the bus name is owned), RELOADING=1 (SIGHUP), READY=1, STOPPING=1
+// (SIGTERM) in that order, and thawd exits 0; busctl introspects the Manager, reads its
+// properties and calls ListGpus. A bad configuration or an unreachable bus fails the start
+// with a message that says which; --check-config validates without starting.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -64,6 +66,52 @@ class NotifySocket {
   int fd_ = -1;
 };
 
+// A private dbus-daemon listening on `dir`/bus, allowing everything (the shipped policy is
+// tested with the mutating methods).
+class PrivateBus {
+ public:
+  explicit PrivateBus(const fs::path& dir) : address_("unix:path=" + (dir / "bus").string()) {
+    const fs::path conf = dir / "bus.conf";
+    std::ofstream(conf) << "<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-Bus Bus "
+                           "Configuration 1.0//EN\" "
+                           "\"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">\n"
+                           "<busconfig><type>custom</type><listen>"
+                        << address_
+                        << "</listen><auth>EXTERNAL</auth><policy context=\"default\">"
+                           "<allow user=\"*\"/><allow own=\"*\"/>"
+                           "<allow send_destination=\"*\"/><allow receive_sender=\"*\"/>"
+                           "</policy></busconfig>\n";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl("/usr/bin/dbus-daemon", "dbus-daemon", "--nofork", "--nopidfile",
+              ("--config-file=" + conf.string()).c_str(), nullptr);
+      ::_exit(127);
+    }
+    for (int i = 0; i < 200 && !fs::exists(dir / "bus"); ++i) ::usleep(10'000);
+  }
+  ~PrivateBus() {
+    ::kill(pid_, SIGTERM);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string address_;
+  pid_t pid_ = -1;
+};
+
+// Runs busctl against `address`; returns its stdout (and its exit code in *rc).
+std::string busctl(const std::string& address, const std::vector<std::string>& args, int* rc) {
+  std::string cmd = "/usr/bin/busctl --address=" + address;
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  *rc = WEXITSTATUS(::pclose(p));
+  return out;
+}
+
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
             const fs::path& stderr_path) {
   const pid_t pid = ::fork();
@@ -93,10 +141,11 @@ std::string slurp(const fs::path& p) {
 
 class ThawdLifecycle : public ::testing::Test {
  protected:
-  void write_config(const std::string& extra = "") {
+  void write_config(const std::string& extra = "", const std::string& bus = "") {
     std::ofstream(dir_.path() / "thawd.toml")
         << "[store]\ncache_dir = \"" << (dir_.path() / "cache").string()
-        << "\"\ncache_budget = \"64MiB\"\n[gpu]\npool_share = 0.25\n"
+        << "\"\ncache_budget = \"64MiB\"\n[gpu]\npool_share = 0.25\n[dbus]\nbus = \""
+        << (bus.empty() ? bus_.address() : bus) << "\"\n[node]\nid = \"test-node\"\n"
         << extra;
   }
   std::vector<std::string> env() const {
@@ -104,6 +153,7 @@ class ThawdLifecycle : public ::testing::Test {
             "THAW_EMU_DEVICE_MEMORY=256M"};
   }
   TempDir dir_;
+  PrivateBus bus_{dir_.path()};
 };
 
 TEST_F(ThawdLifecycle, ReadyReloadingStoppingInOrderAndACleanExit) {
@@ -118,6 +168,38 @@ TEST_F(ThawdLifecycle, ReadyReloadingStoppingInOrderAndACleanExit) {
       << start.front();
   EXPECT_NE(start.back().find("STATUS=1 GPU(s), cache 0 B of 64.0 MiB"), std::string::npos)
       << start.back();
+  bool took_name_first = false;
+  for (const std::string& m : start) {
+    if (m.find("taking the D-Bus name") != std::string::npos) took_name_first = true;
+  }
+  EXPECT_TRUE(took_name_first) << "READY=1 before the bus name was taken";
+
+  // The Manager, through the real busctl.
+  int rc = 0;
+  const std::string intro =
+      busctl(bus_.address(), {"introspect", "org.thaw.Node1", "/org/thaw/Node1"}, &rc);
+  EXPECT_EQ(rc, 0) << intro;
+  for (const char* member : {"org.thaw.Node1.Manager", ".ListGpus", ".NodeId", ".GpuCount",
+                             ".CacheBudgetBytes", ".State"}) {
+    EXPECT_NE(intro.find(member), std::string::npos) << member << " missing:\n" << intro;
+  }
+  auto prop = [&](const char* name) {
+    return busctl(
+        bus_.address(),
+        {"get-property", "org.thaw.Node1", "/org/thaw/Node1", "org.thaw.Node1.Manager", name}, &rc);
+  };
+  EXPECT_EQ(prop("NodeId"), "s \"test-node\"\n");
+  EXPECT_EQ(prop("GpuCount"), "u 1\n");
+  EXPECT_EQ(prop("CacheBudgetBytes"), "t 67108864\n");
+  EXPECT_EQ(prop("State"), "s \"running\"\n");
+  // 0.25 of the emulated 256 MiB GPU: 64 MiB, all free, no slots yet.
+  EXPECT_EQ(
+      busctl(bus_.address(),
+             {"call", "org.thaw.Node1", "/org/thaw/Node1", "org.thaw.Node1.Manager", "ListGpus"},
+             &rc),
+      "a(uttu) 1 0 67108864 67108864 0\n");
+  (void)prop("NoSuchProperty");
+  EXPECT_NE(rc, 0);
 
   // SIGHUP: a changed live setting is applied, a changed restart-only one is reported.
   write_config("[shim]\nallow_groups = [\"ml\"]\nsocket = \"/tmp/elsewhere.sock\"\n");
@@ -143,11 +225,21 @@ TEST_F(ThawdLifecycle, BadConfigFailsTheStartNamingTheLine) {
                           dir_.path() / "stderr");
   EXPECT_EQ(wait_exit(pid), 1);
   const std::string log = slurp(dir_.path() / "stderr");
-  EXPECT_NE(log.find("thawd.toml:7:"), std::string::npos) << log;
+  EXPECT_NE(log.find("thawd.toml:11:"), std::string::npos) << log;
   EXPECT_NE(log.find("shim.socket"), std::string::npos) << log;
   const std::string status = notify.next(2s);
   EXPECT_NE(status.find("STATUS=failed to start"), std::string::npos) << status;
   EXPECT_EQ(status.find("READY=1"), std::string::npos);
+}
+
+TEST_F(ThawdLifecycle, UnreachableBusFailsTheStartSayingWhichBus) {
+  write_config("", "unix:path=" + (dir_.path() / "no-such-bus").string());
+  NotifySocket notify(dir_.path() / "notify");
+  const pid_t pid = spawn({THAWD_PATH, "--config", (dir_.path() / "thawd.toml").string()}, env(),
+                          dir_.path() / "stderr");
+  EXPECT_EQ(wait_exit(pid), 1);
+  const std::string log = slurp(dir_.path() / "stderr");
+  EXPECT_NE(log.find("no-such-bus bus (dbus.bus in thawd.toml)"), std::string::npos) << log;
 }
 
 TEST_F(ThawdLifecycle, CheckConfigValidatesWithoutStarting) {
@@ -156,7 +248,7 @@ TEST_F(ThawdLifecycle, CheckConfigValidatesWithoutStarting) {
       spawn({THAWD_PATH, "--check-config", "--config", (dir_.path() / "thawd.toml").string()}, {},
             dir_.path() / "stderr");
   EXPECT_EQ(wait_exit(good), 0);
-  write_config("[dbus]\nbus = \"sytem\"\n");
+  write_config("", "sytem");
   const auto bad =
       spawn({THAWD_PATH, "--check-config", "--config", (dir_.path() / "thawd.toml").string()}, {},
             dir_.path() / "stderr");
