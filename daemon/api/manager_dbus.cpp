@@ -34,16 +34,15 @@ int open_bus(const std::string& which, sd_bus** out) {
 std::expected<std::unique_ptr<ManagerBus>, std::string> ManagerBus::start(const std::string& bus,
                                                                           ManagerModel model,
                                                                           sd_event* event) {
-  // Const properties never change; the others are read on every Get (no caching to go
-  // stale); PropertiesChanged comes with the per-object work.
+  // Const properties never change; State and CacheBytesUsed are read on every Get and do
+  // not signal changes yet (EmitsChangedSignal=false) — PropertiesChanged comes with the
+  // per-object work.
   static const sd_bus_vtable vtable[] = {
       SD_BUS_VTABLE_START(0),
       SD_BUS_PROPERTY("NodeId", "s", &ManagerBus::get_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
       SD_BUS_PROPERTY("Version", "s", &ManagerBus::get_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-      SD_BUS_PROPERTY("State", "s", &ManagerBus::get_property, 0,
-                      SD_BUS_VTABLE_PROPERTY_EMITS_INVALIDATION),
-      SD_BUS_PROPERTY("CacheBytesUsed", "t", &ManagerBus::get_property, 0,
-                      SD_BUS_VTABLE_PROPERTY_EMITS_INVALIDATION),
+      SD_BUS_PROPERTY("State", "s", &ManagerBus::get_property, 0, 0),
+      SD_BUS_PROPERTY("CacheBytesUsed", "t", &ManagerBus::get_property, 0, 0),
       SD_BUS_PROPERTY("CacheBudgetBytes", "t", &ManagerBus::get_property, 0,
                       SD_BUS_VTABLE_PROPERTY_CONST),
       SD_BUS_PROPERTY("GpuCount", "u", &ManagerBus::get_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),

@@ -139,6 +139,14 @@ std::string slurp(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// The <interface name="NAME"> ... </interface> block of an introspection XML.
+std::string interface_block(const std::string& xml, const std::string& name) {
+  const auto begin = xml.find("<interface name=\"" + name + "\">");
+  if (begin == std::string::npos) return "";
+  const auto end = xml.find("</interface>", begin);
+  return end == std::string::npos ? "" : xml.substr(begin, end - begin);
+}
+
 class ThawdLifecycle : public ::testing::Test {
  protected:
   void write_config(const std::string& extra = "", const std::string& bus = "") {
@@ -183,6 +191,14 @@ TEST_F(ThawdLifecycle, ReadyReloadingStoppingInOrderAndACleanExit) {
                              ".CacheBudgetBytes", ".State"}) {
     EXPECT_NE(intro.find(member), std::string::npos) << member << " missing:\n" << intro;
   }
+  // The shipped interface XML is exactly what thawd exports.
+  const std::string live = busctl(
+      bus_.address(), {"introspect", "--xml-interface", "org.thaw.Node1", "/org/thaw/Node1"}, &rc);
+  EXPECT_EQ(interface_block(live, "org.thaw.Node1.Manager"),
+            interface_block(slurp(THAW_SOURCE_DIR "/packaging/org.thaw.Node1.Manager.xml"),
+                            "org.thaw.Node1.Manager"))
+      << "packaging/org.thaw.Node1.Manager.xml differs from what thawd exports";
+  EXPECT_FALSE(interface_block(live, "org.thaw.Node1.Manager").empty()) << live;
   auto prop = [&](const char* name) {
     return busctl(
         bus_.address(),
