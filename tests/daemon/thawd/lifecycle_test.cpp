@@ -217,6 +217,27 @@ TEST_F(ThawdLifecycle, ReadyReloadingStoppingInOrderAndACleanExit) {
   (void)prop("NoSuchProperty");
   EXPECT_NE(rc, 0);
 
+  // thawctl reads the same, for people and for scripts.
+  auto thawctl = [&](const std::string& args, int* code) {
+    FILE* p = ::popen(
+        (std::string(THAWCTL_PATH) + " --bus=" + bus_.address() + " " + args + " 2>&1").c_str(),
+        "r");
+    std::string out;
+    char buf[4096];
+    while (std::size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+    *code = WEXITSTATUS(::pclose(p));
+    return out;
+  };
+  const std::string status_json = thawctl("--json status", &rc);
+  EXPECT_EQ(rc, 0) << status_json;
+  EXPECT_EQ(status_json,
+            "{\"cache_budget_bytes\":67108864,\"cache_bytes_used\":0,\"gpus\":1,\"node_id\":"
+            "\"test-node\",\"state\":\"running\",\"version\":\"" THAW_VERSION "\"}\n");
+  EXPECT_EQ(thawctl("--json gpus", &rc),
+            "[{\"free_bytes\":67108864,\"index\":0,\"pool_bytes\":67108864,\"slots\":0}]\n");
+  const std::string human = thawctl("status", &rc);
+  EXPECT_NE(human.find("cache    0 B of 64.0 MiB"), std::string::npos) << human;
+
   // SIGHUP: a changed live setting is applied, a changed restart-only one is reported.
   write_config("[shim]\nallow_groups = [\"ml\"]\nsocket = \"/tmp/elsewhere.sock\"\n");
   ASSERT_EQ(::kill(pid, SIGHUP), 0);
@@ -256,6 +277,19 @@ TEST_F(ThawdLifecycle, UnreachableBusFailsTheStartSayingWhichBus) {
   EXPECT_EQ(wait_exit(pid), 1);
   const std::string log = slurp(dir_.path() / "stderr");
   EXPECT_NE(log.find("no-such-bus bus (dbus.bus in thawd.toml)"), std::string::npos) << log;
+}
+
+TEST(Thawctl, UnreachableThawdIsExitCodeOneWithAHint) {
+  FILE* p = ::popen(THAWCTL_PATH " --bus=unix:path=/nonexistent/bus status 2>&1", "r");
+  std::string out;
+  char buf[1024];
+  while (std::size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  EXPECT_EQ(WEXITSTATUS(::pclose(p)), 1);
+  EXPECT_NE(out.find("is thawd running?"), std::string::npos) << out;
+  p = ::popen(THAWCTL_PATH " no-such-command 2>&1", "r");
+  while (std::fread(buf, 1, sizeof(buf), p) > 0) {
+  }
+  EXPECT_EQ(WEXITSTATUS(::pclose(p)), 2);
 }
 
 TEST_F(ThawdLifecycle, CheckConfigValidatesWithoutStarting) {
