@@ -61,17 +61,8 @@ VmmResult<void> PrewarmSlot::map(std::size_t index, PageId page,
 }
 
 VmmResult<PageId> PrewarmSlot::unmap(std::size_t index) {
-  if (index >= table_.size() || !table_[index]) {
-    return vmm_failure(VmmErrc::invalid_argument,
-                       fmt::format("slot {}: page {} is not mapped", id_, index));
-  }
-  if (auto ok = driver_->mem_unmap(address_of(index), page_bytes_); !ok) {
-    return std::unexpected(
-        driver_error(ok.error(), fmt::format("slot {}: unmapping slot page {}", id_, index)));
-  }
-  const PageId page = *table_[index];
-  table_[index].reset();
-  return page;
+  if (auto ok = unmap_only(index); !ok) return std::unexpected(ok.error());
+  return forget(index);
 }
 
 VmmResult<void> PrewarmSlot::unmap_only(std::size_t index) const {
