@@ -1,37 +1,8 @@
-// An owned file descriptor, closed on destruction. Internal to common/safetensors.
+// common/safetensors uses thaw's shared owned descriptor.
 #pragma once
 
-#include <unistd.h>
-
-#include <utility>
+#include "common/fd/unique_fd.hpp"
 
 namespace thaw::safetensors {
-
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
+using thaw::UniqueFd;
 }  // namespace thaw::safetensors

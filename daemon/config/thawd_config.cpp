@@ -110,6 +110,21 @@ std::expected<void, ConfigError> read_size(const Section& s, std::string_view k,
              "must be a size such as \"64GiB\", \"500GB\" or a number of bytes (> 0)");
 }
 
+// A rate: "" (no limit, the default) or a size per second such as "100MB" or "1GiB".
+std::expected<void, ConfigError> read_rate(const Section& s, std::string_view k,
+                                           std::uint64_t& out) {
+  const toml::node* n = s.get(k);
+  if (n == nullptr) return {};
+  if (n->is_string() && n->value<std::string>()->empty()) {
+    out = 0;
+    return {};
+  }
+  if (read_size(s, k, out)) return {};
+  return bad(s.origin(), *n, s.key(k),
+             "must be a rate in bytes per second such as \"100MB\" or \"1GiB\", or \"\" for "
+             "no limit");
+}
+
 std::expected<void, ConfigError> read_metrics_listen(const Section& s, std::string& out) {
   if (auto ok = read_string(s, "listen", out); !ok) return ok;
   if (out.empty()) return {};
@@ -159,10 +174,10 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
   ThawdConfig c;
   const Section node(root, "node", origin), store(root, "store", origin), gpu(root, "gpu", origin),
       shim(root, "shim", origin), dbus(root, "dbus", origin), metrics(root, "metrics", origin);
-  for (auto ok :
-       {node.only({"id"}), store.only({"cache_dir", "cache_budget", "registry", "connections"}),
-        gpu.only({"pool_share", "max_slots"}), shim.only({"socket", "allow_groups"}),
-        dbus.only({"bus"}), metrics.only({"listen"})}) {
+  for (auto ok : {node.only({"id"}),
+                  store.only({"cache_dir", "cache_budget", "registry", "connections", "max_rate"}),
+                  gpu.only({"pool_share", "max_slots"}), shim.only({"socket", "allow_groups"}),
+                  dbus.only({"bus"}), metrics.only({"listen"})}) {
     if (!ok) return Fail(ok.error());
   }
   for (auto ok :
@@ -170,6 +185,7 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
         read_size(store, "cache_budget", c.cache_budget_bytes),
         read_string(store, "registry", c.registry),
         read_count(store, "connections", c.connections, 1, 256),
+        read_rate(store, "max_rate", c.max_rate_bytes_per_s),
         read_count(gpu, "max_slots", c.max_slots, 1, 64), read_path(shim, "socket", c.socket_path),
         read_string(dbus, "bus", c.bus), read_metrics_listen(metrics, c.metrics_listen)}) {
     if (!ok) return Fail(ok.error());

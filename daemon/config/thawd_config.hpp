@@ -24,8 +24,9 @@ struct ThawdConfig {
   // [store]
   std::filesystem::path cache_dir = "/var/cache/thaw";
   std::uint64_t cache_budget_bytes = 64ull << 30;
-  std::string registry;           // "" = none: Fetch needs a registry argument
-  std::uint32_t connections = 8;  // parallel HTTP connections per fetch
+  std::string registry;                    // "" = none: Fetch needs a registry argument
+  std::uint32_t connections = 8;           // parallel HTTP connections per fetch
+  std::uint64_t max_rate_bytes_per_s = 0;  // all of a fetch's downloads together; 0 = no limit
   // [gpu]
   double pool_share = 0.9;  // of each GPU's memory, for prewarm slots and KV
   std::uint32_t max_slots = 8;

@@ -7,7 +7,8 @@
 #include <unistd.h>
 
 #include "common/text/byte_size.hpp"
-#include "daemon/core/log.hpp"
+#include "daemon/log/log.hpp"
+#include "daemon/metrics/openmetrics.hpp"
 
 namespace thaw::daemon {
 
@@ -75,11 +76,39 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   // WATCHDOG=1 at half of $WATCHDOG_USEC, when systemd set it.
   (void)sd_event_set_watchdog(d->event_, 1);
 
+  d->access_ = std::make_unique<AccessPolicy>(c.allow_groups);
+  for (const std::string& g : d->access_->unknown_groups()) {
+    log(LogLevel::warning, fmt::format("shim.allow_groups: no group \"{}\" on this node; only "
+                                       "root and the other groups may change thawd's state",
+                                       g));
+  }
+  std::vector<vmm::GpuMemory*> gpus;
+  for (auto& g : d->gpus_) gpus.push_back(g.get());
+  d->service_ = std::make_unique<NodeService>(
+      *d->cache_, std::move(gpus),
+      NodeServiceConfig{c.registry, c.connections, c.max_rate_bytes_per_s});
+
+  const ManagerInfo info = d->manager_info();
+  notifier.status("listening on the shim socket " + c.socket_path.string());
+  auto shim = ShimServer::start(c.socket_path, *d->service_, *d->access_, info.node_id, d->event_);
+  if (!shim) return std::unexpected(shim.error());
+  d->shim_ = std::move(*shim);
+
+  if (!c.metrics_listen.empty()) {
+    auto metrics = MetricsServer::start(c.metrics_listen, [t = d.get()] {
+      return render_openmetrics(*t->service_, t->shim_->counters(), t->cache_->bytes_used(),
+                                t->config_.cache_budget_bytes);
+    });
+    if (!metrics) return std::unexpected(metrics.error());
+    d->metrics_ = std::move(*metrics);
+  }
+
   notifier.status("taking the D-Bus name " + std::string(kBusName));
-  auto bus = ManagerBus::start(c.bus, d->manager_model(), d->event_);
+  auto bus = NodeBus::start(c.bus, info, *d->service_, *d->access_, d->event_);
   if (!bus) return std::unexpected(bus.error());
   d->bus_ = std::move(*bus);
   d->state_ = "running";
+  d->bus_->refresh();  // State is served from a snapshot: show "running" before READY=1
   notifier.ready(d->status_line());
   log(LogLevel::notice, "ready: " + d->status_line());
   return d;
@@ -89,15 +118,20 @@ Thawd::Thawd(std::filesystem::path config_path, ServiceNotifier& notifier, Thawd
     : config_path_(std::move(config_path)), notifier_(notifier), config_(std::move(config)) {}
 
 Thawd::~Thawd() {
+  metrics_.reset();
   bus_.reset();
+  shim_.reset();  // every client's slots given back
+  // Fetches cancelled and prewarms finished before the GPUs and the cache go away.
+  if (service_) service_->shutdown();
+  service_.reset();
   for (sd_event_source* s : sources_) sd_event_source_unref(s);
   // GPU memory first: every slot and page back to the driver before the process exits.
   gpus_.clear();
   if (event_ != nullptr) sd_event_unref(event_);
 }
 
-ManagerModel Thawd::manager_model() {
-  ManagerModel m;
+ManagerInfo Thawd::manager_info() {
+  ManagerInfo m;
   m.node_id = config_.node_id;
   if (m.node_id.empty()) {
     sd_id128_t id;
@@ -114,17 +148,6 @@ ManagerModel Thawd::manager_model() {
   m.state = [this] { return state_; };
   m.cache_bytes_used = [this] { return cache_->bytes_used(); };
   m.cache_budget_bytes = config_.cache_budget_bytes;
-  m.gpus = [this] {
-    std::vector<GpuSummary> out;
-    for (std::size_t i = 0; i < gpus_.size(); ++i) {
-      const vmm::PoolInfo pool = gpus_[i]->pool();
-      out.push_back(GpuSummary{static_cast<std::uint32_t>(i),
-                               static_cast<std::uint64_t>(pool.pages) * pool.page_bytes,
-                               static_cast<std::uint64_t>(pool.free) * pool.page_bytes,
-                               static_cast<std::uint32_t>(gpus_[i]->slots().size())});
-    }
-    return out;
-  };
   return m;
 }
 
@@ -160,7 +183,15 @@ void Thawd::reload() {
   }
   config_.registry = next->registry;
   config_.connections = next->connections;
+  config_.max_rate_bytes_per_s = next->max_rate_bytes_per_s;
   config_.allow_groups = next->allow_groups;
+  // The old policy stays alive until the bus uses the new one (it holds a pointer).
+  auto access = std::make_unique<AccessPolicy>(config_.allow_groups);
+  bus_->set_access(*access);
+  shim_->set_access(*access);
+  access_ = std::move(access);
+  service_->set_config(
+      NodeServiceConfig{config_.registry, config_.connections, config_.max_rate_bytes_per_s});
   log(LogLevel::notice, "reloaded " + config_path_.string());
   notifier_.ready(status_line());
 }

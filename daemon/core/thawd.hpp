@@ -7,8 +7,8 @@
 // SIGHUP re-reads the configuration: settings that can change live are applied, the others
 // are logged as needing a restart, and the running configuration stays as it was on error.
 //
-// READY=1 comes once the D-Bus name org.thaw.Node1 is owned (the Manager object exported).
-// Still to come (issue 7): the shim socket (READY=1 will then also wait for it), metrics.
+// READY=1 comes once the shim socket listens and the D-Bus name org.thaw.Node1 is owned (the
+// name is taken last, so a client that sees it finds everything else in place).
 #pragma once
 
 #include <systemd/sd-event.h>
@@ -21,9 +21,13 @@
 #include <vector>
 
 #include "common/cuda/driver.hpp"
-#include "daemon/api/manager_dbus.hpp"
+#include "daemon/api/node_bus.hpp"
 #include "daemon/config/thawd_config.hpp"
 #include "daemon/core/service_notifier.hpp"
+#include "daemon/metrics/metrics_server.hpp"
+#include "daemon/node/access_policy.hpp"
+#include "daemon/node/node_service.hpp"
+#include "daemon/shim/shim_server.hpp"
 #include "daemon/store/cache/host_cache.hpp"
 #include "vmm/gpu_memory.hpp"
 
@@ -46,7 +50,7 @@ class Thawd {
  private:
   Thawd(std::filesystem::path config_path, ServiceNotifier& notifier, ThawdConfig config);
   std::string status_line() const;
-  ManagerModel manager_model();
+  ManagerInfo manager_info();
   void reload();
   static int on_signal(sd_event_source* source, const struct signalfd_siginfo* info, void* self);
 
@@ -56,9 +60,13 @@ class Thawd {
   std::optional<store::HostCache> cache_;
   std::shared_ptr<const cuda::Driver> driver_;
   std::vector<std::unique_ptr<vmm::GpuMemory>> gpus_;
+  std::unique_ptr<AccessPolicy> access_;
+  std::unique_ptr<NodeService> service_;  // uses cache_ and gpus_
   std::string state_ = "starting";
   sd_event* event_ = nullptr;
-  std::unique_ptr<ManagerBus> bus_;  // before event_ in destruction order: it is attached
+  std::unique_ptr<MetricsServer> metrics_;  // its thread reads service_: stopped first
+  std::unique_ptr<ShimServer> shim_;        // destroyed before event_ and service_
+  std::unique_ptr<NodeBus> bus_;            // destroyed before event_: it is attached to it
   std::vector<sd_event_source*> sources_;
 };
 

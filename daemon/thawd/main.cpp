@@ -4,8 +4,8 @@
 #include <CLI/CLI.hpp>
 
 #include "daemon/config/thawd_config.hpp"
-#include "daemon/core/log.hpp"
 #include "daemon/core/thawd.hpp"
+#include "daemon/log/log.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"thawd: keeps models fetched, streamed and prewarmed on this GPU node"};

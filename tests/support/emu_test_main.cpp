@@ -16,8 +16,7 @@
 int main(int argc, char** argv) {
   std::string made_dir;
   if (std::getenv("THAW_EMU_STATE_DIR") == nullptr) {
-    std::string templ =
-        (std::filesystem::temp_directory_path() / "thaw-emu-test-XXXXXX").string();
+    std::string templ = (std::filesystem::temp_directory_path() / "thaw-emu-test-XXXXXX").string();
     if (mkdtemp(templ.data()) == nullptr) {
       perror("mkdtemp");
       return 2;

@@ -1,181 +1,93 @@
 // thawctl: the operator's CLI for thawd, over D-Bus like machinectl (org.thaw.Node1).
 //
-//   thawctl [--bus system|user|ADDRESS] [--json] status | gpus
+//   thawctl [--bus system|user|ADDRESS] [--json] COMMAND
+//     status | gpus | slots | models
+//     fetch MODEL [--no-wait]          progress on stderr until cached
+//     prewarm MODEL [--gpu N] [--no-wait]
+//     activate SLOT [--kv-bytes SIZE] | deactivate SLOT | evict SLOT
+//     wait MODEL [--timeout SECONDS]
 //
-// Exit codes: 0 done; 1 thawd could not be reached or refused (the message says why and
-// what to check); 2 bad usage.
+// Exit codes: 0 done; 1 thawd unreachable or it refused (the message says why); 2 bad
+// usage; 3 the fetch or prewarm failed; 4 timed out.
 #include <fmt/format.h>
-#include <systemd/sd-bus.h>
+
 #include <CLI/CLI.hpp>
-
 #include <cstdlib>
-#include <cstring>
-#include <memory>
-#include <nlohmann/json.hpp>
-#include <string>
-#include <vector>
 
+#include "commands.hpp"
 #include "common/text/byte_size.hpp"
 
-namespace {
-
-constexpr const char* kService = "org.thaw.Node1";
-constexpr const char* kPath = "/org/thaw/Node1";
-constexpr const char* kManager = "org.thaw.Node1.Manager";
-
-struct BusUnref {
-  void operator()(sd_bus* b) const { sd_bus_flush_close_unref(b); }
-};
-using Bus = std::unique_ptr<sd_bus, BusUnref>;
-
-struct Failure {
-  std::string message;
-};
-
-[[noreturn]] void fail(const std::string& message) {
-  throw Failure{message};
-}
-
-Bus connect(const std::string& which) {
-  sd_bus* bus = nullptr;
-  int r = 0;
-  if (which == "system") {
-    r = sd_bus_open_system(&bus);
-  } else if (which == "user") {
-    r = sd_bus_open_user(&bus);
-  } else if ((r = sd_bus_new(&bus)) >= 0) {
-    if ((r = sd_bus_set_address(bus, which.c_str())) >= 0 &&
-        (r = sd_bus_set_bus_client(bus, 1)) >= 0) {
-      r = sd_bus_start(bus);
-    }
-    if (r < 0) sd_bus_unref(bus);
-  }
-  if (r < 0) {
-    fail(fmt::format("cannot reach the {} bus: {}; is thawd running? (systemctl status thawd)",
-                     which, std::strerror(-r)));
-  }
-  return Bus(bus);
-}
-
-std::string why(const sd_bus_error& e, int r) {
-  return e.message != nullptr ? std::string(e.message) : std::string(std::strerror(-r));
-}
-
-std::string get_string(sd_bus* bus, const char* property) {
-  sd_bus_error error = SD_BUS_ERROR_NULL;
-  char* value = nullptr;
-  const int r =
-      sd_bus_get_property_string(bus, kService, kPath, kManager, property, &error, &value);
-  if (r < 0) {
-    std::string message = fmt::format(
-        "reading {} from thawd: {}; is thawd running? (systemctl "
-        "status thawd)",
-        property, why(error, r));
-    sd_bus_error_free(&error);
-    fail(message);
-  }
-  std::string out(value);
-  std::free(value);
-  return out;
-}
-
-template <typename T>
-T get_trivial(sd_bus* bus, const char* property, char type) {
-  sd_bus_error error = SD_BUS_ERROR_NULL;
-  T value{};
-  const int r =
-      sd_bus_get_property_trivial(bus, kService, kPath, kManager, property, &error, type, &value);
-  if (r < 0) {
-    std::string message = fmt::format("reading {} from thawd: {}", property, why(error, r));
-    sd_bus_error_free(&error);
-    fail(message);
-  }
-  return value;
-}
-
-int status(sd_bus* bus, bool json) {
-  const std::string node = get_string(bus, "NodeId");
-  const std::string version = get_string(bus, "Version");
-  const std::string state = get_string(bus, "State");
-  const auto used = get_trivial<uint64_t>(bus, "CacheBytesUsed", 't');
-  const auto budget = get_trivial<uint64_t>(bus, "CacheBudgetBytes", 't');
-  const auto gpus = get_trivial<uint32_t>(bus, "GpuCount", 'u');
-  if (json) {
-    fmt::print("{}\n", nlohmann::json{{"node_id", node},
-                                      {"version", version},
-                                      {"state", state},
-                                      {"cache_bytes_used", used},
-                                      {"cache_budget_bytes", budget},
-                                      {"gpus", gpus}}
-                           .dump());
-    return 0;
-  }
-  fmt::print("node     {}\nthawd    {} ({})\ncache    {} of {}\nGPUs     {}\n", node, version,
-             state, thaw::text::format_bytes(static_cast<double>(used)),
-             thaw::text::format_bytes(static_cast<double>(budget)), gpus);
-  return 0;
-}
-
-int gpus(sd_bus* bus, bool json) {
-  sd_bus_error error = SD_BUS_ERROR_NULL;
-  sd_bus_message* reply = nullptr;
-  int r = sd_bus_call_method(bus, kService, kPath, kManager, "ListGpus", &error, &reply, "");
-  if (r < 0) {
-    std::string message = fmt::format("ListGpus: {}", why(error, r));
-    sd_bus_error_free(&error);
-    fail(message);
-  }
-  nlohmann::json out = nlohmann::json::array();
-  r = sd_bus_message_enter_container(reply, 'a', "(uttu)");
-  uint32_t index = 0, slots = 0;
-  uint64_t pool = 0, free_bytes = 0;
-  while (r >= 0 &&
-         (r = sd_bus_message_read(reply, "(uttu)", &index, &pool, &free_bytes, &slots)) > 0) {
-    out.push_back(
-        {{"index", index}, {"pool_bytes", pool}, {"free_bytes", free_bytes}, {"slots", slots}});
-  }
-  sd_bus_message_unref(reply);
-  if (r < 0) fail(fmt::format("ListGpus: malformed reply: {}", std::strerror(-r)));
-  if (json) {
-    fmt::print("{}\n", out.dump());
-    return 0;
-  }
-  fmt::print("{:<4} {:>12} {:>12} {:>6}\n", "GPU", "POOL", "FREE", "SLOTS");
-  for (const auto& g : out) {
-    fmt::print("{:<4} {:>12} {:>12} {:>6}\n", g["index"].get<uint32_t>(),
-               thaw::text::format_bytes(g["pool_bytes"].get<double>()),
-               thaw::text::format_bytes(g["free_bytes"].get<double>()), g["slots"].get<uint32_t>());
-  }
-  if (out.empty()) fmt::print("(no GPUs: thawd runs the model store only)\n");
-  return 0;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
+  using namespace thawctl;
   CLI::App app{"thawctl: look at and steer thawd, the thaw node daemon (over D-Bus)"};
   const char* env_bus = std::getenv("THAW_BUS");
   std::string bus = env_bus != nullptr ? env_bus : "system";
-  bool json = false;
+  Options o;
   app.add_option("--bus", bus, "system, user, or a D-Bus address (default: $THAW_BUS or system)");
-  app.add_flag("--json", json, "print JSON for scripts");
+  app.add_flag("--json", o.json, "print JSON for scripts (progress lines are not printed)");
   app.require_subcommand(1);
+  std::string model, slot, kv;
+  bool no_wait = false;
+  int gpu = -1;
   auto* status_cmd = app.add_subcommand("status", "node id, version, state, cache use, GPUs");
   auto* gpus_cmd = app.add_subcommand("gpus", "each GPU's pool: size, free, prewarm slots");
-  app.footer("Exit codes: 0 done, 1 thawd unreachable or refused (see the message), 2 bad usage.");
+  auto* slots_cmd = app.add_subcommand("slots", "prewarm slots: model, GPU, state, bytes resident");
+  auto* models_cmd = app.add_subcommand("models", "cached and fetching models");
+  auto* fetch_cmd = app.add_subcommand("fetch", "fetch a model into the node's cache");
+  fetch_cmd->add_option("model", model, "registry name (\"gpt2\", \"org/name\") or cache key")
+      ->required();
+  fetch_cmd->add_flag("--no-wait", no_wait, "return once the fetch started");
+  auto* prewarm_cmd = app.add_subcommand("prewarm", "load a model's weights into a prewarm slot");
+  prewarm_cmd->add_option("model", model, "registry name or cache key (fetched if needed)")
+      ->required();
+  prewarm_cmd->add_option("--gpu", gpu, "GPU index (default: the one with most free memory)");
+  prewarm_cmd->add_flag("--no-wait", no_wait, "return once the slot exists");
+  auto* activate_cmd = app.add_subcommand("activate", "make a prewarmed slot its GPU's active one");
+  activate_cmd->add_option("slot", slot, "slot id (thawctl slots), e.g. g0s1")->required();
+  activate_cmd->add_option("--kv-bytes", kv, "KV cache to map, e.g. 8GiB (default: what is free)");
+  auto* deactivate_cmd = app.add_subcommand("deactivate", "stop serving from a slot (KV unmapped)");
+  deactivate_cmd->add_option("slot", slot, "slot id")->required();
+  auto* evict_cmd = app.add_subcommand("evict", "free a prewarmed slot's GPU memory");
+  evict_cmd->add_option("slot", slot, "slot id")->required();
+  auto* wait_cmd = app.add_subcommand("wait", "wait until a model is cached (or its fetch fails)");
+  wait_cmd->add_option("model", model, "registry name or cache key")->required();
+  wait_cmd->add_option("--timeout", o.timeout_s, "give up after this many seconds (exit 4)");
+  app.footer(
+      "Exit codes: 0 done, 1 thawd unreachable or refused (see the message), 2 bad usage,\n"
+      "3 the fetch or prewarm failed, 4 timed out.");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    return rc == 0 ? 0 : kExitUsage;
   }
+  o.wait = !no_wait;
+  if (gpu >= 0) o.gpu = gpu;
+  auto kv_bytes = kv.empty() ? std::optional<std::uint64_t>(0) : thaw::text::parse_byte_size(kv);
+  if (!kv_bytes) {
+    fmt::print(stderr, "thawctl: --kv-bytes {}: not a size (e.g. 512MiB, 8GiB, 1000000)\n", kv);
+    return kExitUsage;
+  }
+  o.kv_bytes = *kv_bytes;
   try {
     Bus connection = connect(bus);
-    if (status_cmd->parsed()) return status(connection.get(), json);
-    if (gpus_cmd->parsed()) return gpus(connection.get(), json);
+    sd_bus* b = connection.get();
+    if (status_cmd->parsed()) return status(b, o);
+    if (gpus_cmd->parsed()) return gpus(b, o);
+    if (slots_cmd->parsed()) return slots(b, o);
+    if (models_cmd->parsed()) return models(b, o);
+    if (fetch_cmd->parsed()) return fetch(b, model, o);
+    if (prewarm_cmd->parsed()) return prewarm(b, model, o);
+    if (activate_cmd->parsed()) return slot_action(b, "Activate", slot, o);
+    if (deactivate_cmd->parsed()) return slot_action(b, "Deactivate", slot, o);
+    if (evict_cmd->parsed()) return slot_action(b, "Evict", slot, o);
+    if (wait_cmd->parsed()) return wait_model(b, model, o);
   } catch (const Failure& f) {
+    if (o.json) {
+      fmt::print("{}\n", nlohmann::json{{"error", f.error_name}, {"message", f.message}}.dump());
+    }
     fmt::print(stderr, "thawctl: {}\n", f.message);
-    return 1;
+    return f.exit_code;
   }
-  return 2;
+  return kExitUsage;
 }

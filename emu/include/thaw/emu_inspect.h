@@ -13,25 +13,26 @@ extern "C" {
 #endif
 
 typedef struct ThawEmuDeviceStats {
-  unsigned long long capacity_bytes;         /* total memory of the emulated device */
-  unsigned long long device_bytes_in_use;    /* physical bytes held by all live processes */
-  unsigned long long process_bytes_in_use;   /* physical bytes this process holds a reference to */
-  unsigned long long physical_allocations;   /* live physical allocations referenced by this process
-                                                (cuMemCreate/import and cuMemAlloc backings) */
-  unsigned long long vmm_handle_refs;        /* outstanding CUmemGenericAllocationHandle references */
-  unsigned long long vmm_mappings;           /* live cuMemMap mappings on this device's memory */
-  unsigned long long legacy_allocations;     /* live cuMemAlloc allocations */
-  unsigned long long ipc_mappings;           /* live cuIpcOpenMemHandle mappings */
+  unsigned long long capacity_bytes;       /* total memory of the emulated device */
+  unsigned long long device_bytes_in_use;  /* physical bytes held by all live processes */
+  unsigned long long process_bytes_in_use; /* physical bytes this process holds a reference to */
+  unsigned long long physical_allocations; /* live physical allocations referenced by this process
+                                              (cuMemCreate/import and cuMemAlloc backings) */
+  unsigned long long vmm_handle_refs;      /* outstanding CUmemGenericAllocationHandle references */
+  unsigned long long vmm_mappings;         /* live cuMemMap mappings on this device's memory */
+  unsigned long long legacy_allocations;   /* live cuMemAlloc allocations */
+  unsigned long long ipc_mappings;         /* live cuIpcOpenMemHandle mappings */
 } ThawEmuDeviceStats;
 
 typedef struct ThawEmuProcessStats {
-  unsigned long long contexts;          /* live contexts (primary contexts count while active) */
-  unsigned long long streams;           /* live user-created streams */
-  unsigned long long events;            /* live events */
-  unsigned long long reservations;      /* live cuMemAddressReserve ranges */
-  unsigned long long reserved_bytes;    /* bytes of VA reserved */
-  unsigned long long pinned_host_ranges;/* cuMemHostAlloc / cuMemAllocHost / cuMemHostRegister ranges */
-  unsigned long long trace_lines;       /* lines written to THAW_EMU_TRACE so far */
+  unsigned long long contexts;       /* live contexts (primary contexts count while active) */
+  unsigned long long streams;        /* live user-created streams */
+  unsigned long long events;         /* live events */
+  unsigned long long reservations;   /* live cuMemAddressReserve ranges */
+  unsigned long long reserved_bytes; /* bytes of VA reserved */
+  unsigned long long
+      pinned_host_ranges;         /* cuMemHostAlloc / cuMemAllocHost / cuMemHostRegister ranges */
+  unsigned long long trace_lines; /* lines written to THAW_EMU_TRACE so far */
 } ThawEmuProcessStats;
 
 /* Both return a CUresult value: CUDA_SUCCESS, CUDA_ERROR_NOT_INITIALIZED before cuInit,

@@ -41,7 +41,7 @@ typedef struct ThawEmuLaunch {
 typedef void (*ThawEmuTwinLauncher)(const ThawEmuLaunch* launch);
 
 typedef struct ThawEmuTwin {
-  const char* kernel;           /* mangled name, as in the cubin */
+  const char* kernel; /* mangled name, as in the cubin */
   ThawEmuTwinLauncher launcher;
   /* Optional: modelled device time of one launch in nanoseconds (0: launch latency only). */
   double (*model_ns)(const ThawEmuLaunch* launch);
@@ -153,15 +153,15 @@ void run_per_block(const ThawEmuLaunch* l) {
 
 #define THAW_EMU_CONCAT_(a, b) a##b
 #define THAW_EMU_CONCAT(a, b) THAW_EMU_CONCAT_(a, b)
-#define THAW_EMU_TWIN_PER_THREAD(...)                                            \
+#define THAW_EMU_TWIN_PER_THREAD(...)                                              \
   static ::thaw::emu::detail::Registrar THAW_EMU_CONCAT(thaw_emu_twin_, __LINE__)( \
       reinterpret_cast<const void*>(&__VA_ARGS__), &::thaw::emu::run_per_thread<&__VA_ARGS__>)
-#define THAW_EMU_TWIN_PER_BLOCK(...)                                             \
+#define THAW_EMU_TWIN_PER_BLOCK(...)                                               \
   static ::thaw::emu::detail::Registrar THAW_EMU_CONCAT(thaw_emu_twin_, __LINE__)( \
       reinterpret_cast<const void*>(&__VA_ARGS__), &::thaw::emu::run_per_block<&__VA_ARGS__>)
 // Once per kernel library: exports the table.
-#define THAW_EMU_TWIN_LIBRARY()                                              \
-  extern "C" const ThawEmuTwin* thawEmuTwins(unsigned* count) {              \
+#define THAW_EMU_TWIN_LIBRARY()                                             \
+  extern "C" const ThawEmuTwin* thawEmuTwins(unsigned* count) {             \
     *count = static_cast<unsigned>(::thaw::emu::detail::registry().size()); \
     return ::thaw::emu::detail::registry().data();                          \
   }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "temp_dir.hpp"
+#include "thawd_test_support.hpp"
 
 namespace {
 
@@ -29,122 +30,18 @@ using namespace std::chrono_literals;
 
 using thaw::testing::TempDir;
 
-// A datagram socket standing in for systemd's notification socket.
-class NotifySocket {
- public:
-  explicit NotifySocket(const fs::path& path) : path_(path) {
-    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      throw std::runtime_error("bind notify socket");
-    }
-  }
-  ~NotifySocket() { ::close(fd_); }
-  // The next datagram, or "" after `timeout`.
-  std::string next(std::chrono::milliseconds timeout = 20s) {
-    pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return "";
-    char buf[4096];
-    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-    return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "";
-  }
-  // Datagrams until one contains `what` (inclusive); empty vector on timeout.
-  std::vector<std::string> until(const std::string& what) {
-    std::vector<std::string> seen;
-    for (;;) {
-      std::string m = next();
-      if (m.empty()) return {};
-      seen.push_back(m);
-      if (m.find(what) != std::string::npos) return seen;
-    }
-  }
+using thaw::testing::interface_block;
+using thaw::testing::NotifySocket;
+using thaw::testing::PrivateBus;
+using thaw::testing::slurp;
+using thaw::testing::spawn;
+using thaw::testing::wait_exit;
 
- private:
-  fs::path path_;
-  int fd_ = -1;
-};
-
-// A private dbus-daemon listening on `dir`/bus, allowing everything (the shipped policy is
-// tested with the mutating methods).
-class PrivateBus {
- public:
-  explicit PrivateBus(const fs::path& dir) : address_("unix:path=" + (dir / "bus").string()) {
-    const fs::path conf = dir / "bus.conf";
-    std::ofstream(conf) << "<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-Bus Bus "
-                           "Configuration 1.0//EN\" "
-                           "\"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">\n"
-                           "<busconfig><type>custom</type><listen>"
-                        << address_
-                        << "</listen><auth>EXTERNAL</auth><policy context=\"default\">"
-                           "<allow user=\"*\"/><allow own=\"*\"/>"
-                           "<allow send_destination=\"*\"/><allow receive_sender=\"*\"/>"
-                           "</policy></busconfig>\n";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::execl("/usr/bin/dbus-daemon", "dbus-daemon", "--nofork", "--nopidfile",
-              ("--config-file=" + conf.string()).c_str(), nullptr);
-      ::_exit(127);
-    }
-    for (int i = 0; i < 200 && !fs::exists(dir / "bus"); ++i) ::usleep(10'000);
-  }
-  ~PrivateBus() {
-    ::kill(pid_, SIGTERM);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  std::string address_;
-  pid_t pid_ = -1;
-};
-
-// Runs busctl against `address`; returns its stdout (and its exit code in *rc).
+// Runs busctl against `address`; returns its output (and its exit code in *rc).
 std::string busctl(const std::string& address, const std::vector<std::string>& args, int* rc) {
-  std::string cmd = "/usr/bin/busctl --address=" + address;
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  *rc = WEXITSTATUS(::pclose(p));
-  return out;
-}
-
-pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-            const fs::path& stderr_path) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
-    const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(err, 2);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// The <interface name="NAME"> ... </interface> block of an introspection XML.
-std::string interface_block(const std::string& xml, const std::string& name) {
-  const auto begin = xml.find("<interface name=\"" + name + "\">");
-  if (begin == std::string::npos) return "";
-  const auto end = xml.find("</interface>", begin);
-  return end == std::string::npos ? "" : xml.substr(begin, end - begin);
+  auto r = thaw::testing::busctl(address, args);
+  *rc = r.exit_code;
+  return r.output;
 }
 
 class ThawdLifecycle : public ::testing::Test {
@@ -155,10 +52,14 @@ class ThawdLifecycle : public ::testing::Test {
         << "\"\ncache_budget = \"64MiB\"\n[gpu]\npool_share = 0.25\n[dbus]\nbus = \""
         << (bus.empty() ? bus_.address() : bus) << "\"\n[node]\nid = \"test-node\"\n"
         << extra;
+    if (extra.find("[shim]") == std::string::npos) {
+      std::ofstream(dir_.path() / "thawd.toml", std::ios::app)
+          << "[shim]\nsocket = \"" << (dir_.path() / "thawd.sock").string() << "\"\n";
+    }
   }
   std::vector<std::string> env() const {
     return {"NOTIFY_SOCKET=" + (dir_.path() / "notify").string(), "THAW_LIBCUDA=" THAW_EMU_LIBCUDA,
-            "THAW_EMU_DEVICE_MEMORY=256M"};
+            "THAW_EMU_DEVICE_MEMORY=256M", "THAW_EMU_STATE_DIR=" + (dir_.path() / "emu").string()};
   }
   TempDir dir_;
   PrivateBus bus_{dir_.path()};

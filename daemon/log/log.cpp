@@ -1,4 +1,4 @@
-#include "daemon/core/log.hpp"
+#include "daemon/log/log.hpp"
 
 #include <fmt/format.h>
 #include <sys/stat.h>

@@ -1,0 +1,101 @@
+#include "common/proto/seqpacket.hpp"
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace thaw::proto {
+
+std::expected<void, std::string> send_message(int socket, const Message& message,
+                                              const std::vector<int>& fds) {
+  if (fds.size() > kMaxFdsPerMessage) {
+    return std::unexpected(
+        fmt::format("{} descriptors in one message; at most {}", fds.size(), kMaxFdsPerMessage));
+  }
+  auto bytes = encode(message);
+  if (!bytes) return std::unexpected(bytes.error());
+  iovec iov{bytes->data(), bytes->size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control;
+  if (!fds.empty()) {
+    control.assign(CMSG_SPACE(sizeof(int) * fds.size()), 0);
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  for (;;) {
+    if (::sendmsg(socket, &msg, MSG_NOSIGNAL) >= 0) return {};
+    if (errno != EINTR) return std::unexpected(fmt::format("send: {}", std::strerror(errno)));
+  }
+}
+
+std::expected<Received, ReceiveError> receive_message(int socket) {
+  // One byte more than the limit, so an oversized packet shows as MSG_TRUNC.
+  std::vector<std::byte> buffer(kMaxMessageBytes + 1);
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage));
+  iovec iov{buffer.data(), buffer.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  ssize_t n;
+  do {
+    n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return std::unexpected(ReceiveError{ReceiveErrc::io, std::strerror(errno)});
+  if (n == 0) return std::unexpected(ReceiveError{ReceiveErrc::closed, "peer closed"});
+  Received out;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      out.fds.emplace_back(fd);
+    }
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+    return std::unexpected(
+        ReceiveError{ReceiveErrc::too_many_fds,
+                     fmt::format("more than {} descriptors in one message", kMaxFdsPerMessage)});
+  }
+  if ((msg.msg_flags & MSG_TRUNC) != 0) {
+    return std::unexpected(ReceiveError{ReceiveErrc::malformed,
+                                        fmt::format("message over {} bytes", kMaxMessageBytes)});
+  }
+  auto decoded = decode(std::span(buffer.data(), static_cast<std::size_t>(n)));
+  if (!decoded) {
+    return std::unexpected(
+        ReceiveError{ReceiveErrc::malformed, decoded.error().message, decoded.error().version});
+  }
+  out.message = std::move(*decoded);
+  return out;
+}
+
+std::expected<UniqueFd, std::string> connect_seqpacket(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd) return std::unexpected(fmt::format("socket: {}", std::strerror(errno)));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return std::unexpected(fmt::format("socket path {} is too long", path));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return std::unexpected(
+        fmt::format("connecting to {}: {} (is thawd running?)", path, std::strerror(errno)));
+  }
+  return fd;
+}
+
+}  // namespace thaw::proto

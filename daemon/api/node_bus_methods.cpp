@@ -1,0 +1,157 @@
+// The Manager's methods: argument parsing, the caller check, the service call, and turning
+// a ServiceError into a named D-Bus error.
+#include <fmt/format.h>
+
+#include <cerrno>
+
+#include "daemon/api/node_bus.hpp"
+
+namespace thaw::daemon {
+
+namespace {
+
+int fail(sd_bus_error* error, const ServiceError& e) {
+  return sd_bus_error_set(error, e.name.c_str(), e.message.c_str());
+}
+
+NodeBus* self_of(void* p) {
+  return static_cast<NodeBus*>(p);
+}
+
+}  // namespace
+
+int NodeBus::authorize(sd_bus_message* m, const char* action, sd_bus_error* error) {
+  sd_bus_creds* creds = nullptr;
+  int r = sd_bus_query_sender_creds(m,
+                                    SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID | SD_BUS_CREDS_EGID |
+                                        SD_BUS_CREDS_SUPPLEMENTARY_GIDS | SD_BUS_CREDS_AUGMENT,
+                                    &creds);
+  if (r < 0) {
+    return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
+                             "%s refused: thawd cannot tell who is calling (%s)", action,
+                             std::strerror(-r));
+  }
+  PeerIdentity peer;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  const gid_t* gids = nullptr;
+  if (sd_bus_creds_get_pid(creds, &pid) >= 0) peer.pid = pid;
+  if (sd_bus_creds_get_euid(creds, &uid) >= 0) peer.uid = uid;
+  if (sd_bus_creds_get_egid(creds, &gid) >= 0) peer.gid = gid;
+  const int n = sd_bus_creds_get_supplementary_gids(creds, &gids);
+  for (int i = 0; i < n; ++i) peer.groups.push_back(gids[i]);
+  sd_bus_creds_unref(creds);
+  if (access_->allows(peer)) return 0;
+  return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
+                           "%s needs %s (caller uid %u); reading properties is open to everyone",
+                           action, access_->describe().c_str(), static_cast<unsigned>(peer.uid));
+}
+
+int NodeBus::method_fetch(sd_bus_message* m, void* self, sd_bus_error* error) {
+  NodeBus* b = self_of(self);
+  const char* model = nullptr;
+  if (int r = sd_bus_message_read(m, "s", &model); r < 0) return r;
+  if (int r = b->authorize(m, "Fetch", error); r < 0) return r;
+  auto key = b->service_.fetch(model);
+  if (!key) return fail(error, key.error());
+  b->refresh();
+  return sd_bus_reply_method_return(m, "o", model_path(*key).c_str());
+}
+
+int NodeBus::method_prewarm(sd_bus_message* m, void* self, sd_bus_error* error) {
+  NodeBus* b = self_of(self);
+  const char* model = nullptr;
+  int32_t gpu = -1;
+  if (int r = sd_bus_message_read(m, "si", &model, &gpu); r < 0) return r;
+  if (int r = b->authorize(m, "Prewarm", error); r < 0) return r;
+  std::optional<std::uint32_t> which;
+  if (gpu >= 0) which = static_cast<std::uint32_t>(gpu);
+  auto slot = b->service_.prewarm(model, which);
+  if (!slot) return fail(error, slot.error());
+  b->refresh();
+  return sd_bus_reply_method_return(m, "o", slot_path(*slot).c_str());
+}
+
+int NodeBus::method_activate(sd_bus_message* m, void* self, sd_bus_error* error) {
+  NodeBus* b = self_of(self);
+  const char* slot = nullptr;
+  uint64_t kv_bytes = 0;
+  if (int r = sd_bus_message_read(m, "st", &slot, &kv_bytes); r < 0) return r;
+  if (int r = b->authorize(m, "Activate", error); r < 0) return r;
+  if (auto ok = b->service_.activate(slot, kv_bytes); !ok) return fail(error, ok.error());
+  b->refresh();
+  return sd_bus_reply_method_return(m, "");
+}
+
+int NodeBus::method_deactivate(sd_bus_message* m, void* self, sd_bus_error* error) {
+  NodeBus* b = self_of(self);
+  const char* slot = nullptr;
+  if (int r = sd_bus_message_read(m, "s", &slot); r < 0) return r;
+  if (int r = b->authorize(m, "Deactivate", error); r < 0) return r;
+  if (auto ok = b->service_.deactivate(slot); !ok) return fail(error, ok.error());
+  b->refresh();
+  return sd_bus_reply_method_return(m, "");
+}
+
+int NodeBus::method_evict(sd_bus_message* m, void* self, sd_bus_error* error) {
+  NodeBus* b = self_of(self);
+  const char* slot = nullptr;
+  if (int r = sd_bus_message_read(m, "s", &slot); r < 0) return r;
+  if (int r = b->authorize(m, "Evict", error); r < 0) return r;
+  if (auto ok = b->service_.evict(slot); !ok) return fail(error, ok.error());
+  b->refresh();
+  return sd_bus_reply_method_return(m, "");
+}
+
+namespace {
+
+// Builds a reply holding one array, filled by `append` for each element.
+template <typename Items, typename Append>
+int reply_array(sd_bus_message* m, const char* element, const Items& items, Append append) {
+  sd_bus_message* reply = nullptr;
+  int r = sd_bus_message_new_method_return(m, &reply);
+  if (r < 0) return r;
+  if ((r = sd_bus_message_open_container(reply, 'a', element)) >= 0) {
+    for (const auto& item : items) {
+      if ((r = append(reply, item)) < 0) break;
+    }
+    if (r >= 0) r = sd_bus_message_close_container(reply);
+  }
+  if (r >= 0) r = sd_bus_send(nullptr, reply, nullptr);
+  sd_bus_message_unref(reply);
+  return r;
+}
+
+}  // namespace
+
+int NodeBus::method_list_gpus(sd_bus_message* m, void* self, sd_bus_error*) {
+  return reply_array(
+      m, "(uttu)", self_of(self)->service_.gpus(), [](sd_bus_message* reply, const GpuStatus& g) {
+        return sd_bus_message_append(reply, "(uttu)", g.index, static_cast<uint64_t>(g.pool_bytes),
+                                     static_cast<uint64_t>(g.free_bytes), g.slots);
+      });
+}
+
+int NodeBus::method_list_slots(sd_bus_message* m, void* self, sd_bus_error*) {
+  return reply_array(m, "(susstto)", self_of(self)->service_.slots(),
+                     [](sd_bus_message* reply, const SlotStatus& s) {
+                       return sd_bus_message_append(
+                           reply, "(susstto)", s.id.c_str(), s.gpu, s.model.c_str(),
+                           s.state.c_str(), static_cast<uint64_t>(s.resident_bytes),
+                           static_cast<uint64_t>(s.total_bytes), slot_path(s.id).c_str());
+                     });
+}
+
+int NodeBus::method_list_models(sd_bus_message* m, void* self, sd_bus_error*) {
+  return reply_array(m, "(ssstto)", self_of(self)->service_.models(),
+                     [](sd_bus_message* reply, const ModelStatus& s) {
+                       return sd_bus_message_append(
+                           reply, "(ssstto)", s.key.c_str(), s.name.c_str(),
+                           std::string(to_string(s.state)).c_str(),
+                           static_cast<uint64_t>(s.fetched_bytes),
+                           static_cast<uint64_t>(s.total_bytes), model_path(s.key).c_str());
+                     });
+}
+
+}  // namespace thaw::daemon

@@ -1,0 +1,92 @@
+#include "daemon/metrics/openmetrics.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+
+namespace thaw::daemon {
+
+namespace {
+
+class Writer {
+ public:
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    out_ += fmt::format("# TYPE {} {}\n# HELP {} {}\n", name, type, name, help);
+  }
+  template <typename T>
+  void sample(std::string_view name, T value, std::string_view labels = "") {
+    if (labels.empty()) {
+      out_ += fmt::format("{} {}\n", name, value);
+    } else {
+      out_ += fmt::format("{}{{{}}} {}\n", name, labels, value);
+    }
+  }
+  std::string finish() { return std::move(out_) + "# EOF\n"; }
+
+ private:
+  std::string out_;
+};
+
+}  // namespace
+
+std::string render_openmetrics(const NodeService& service, const ShimCounters& shim,
+                               std::uint64_t cache_bytes_used, std::uint64_t cache_budget_bytes) {
+  const NodeCounters& c = service.counters();
+  Writer w;
+  w.family("thaw_fetched_bytes", "counter",
+           "Bytes fetched and verified into the host cache, by traffic class.");
+  w.sample("thaw_fetched_bytes_total", c.fetched_bytes_critical.load(), "class=\"critical\"");
+  w.sample("thaw_fetched_bytes_total", c.fetched_bytes_background.load(), "class=\"background\"");
+  w.family("thaw_fetches", "counter", "Model fetches started.");
+  w.sample("thaw_fetches_total", c.fetches_started.load());
+  w.family("thaw_fetch_failures", "counter", "Model fetches that failed or were cancelled.");
+  w.sample("thaw_fetch_failures_total", c.fetches_failed.load());
+  w.family("thaw_prewarm_hits", "counter", "Engine attaches that found a prewarmed slot.");
+  w.sample("thaw_prewarm_hits_total", c.prewarm_hits.load());
+  w.family("thaw_prewarm_misses", "counter", "Engine attaches that found no prewarmed slot.");
+  w.sample("thaw_prewarm_misses_total", c.prewarm_misses.load());
+  w.family("thaw_activations", "counter", "Slot activations.");
+  w.sample("thaw_activations_total", c.activations.load());
+
+  double rate = 0;
+  for (const ModelStatus& m : service.models()) rate += m.rate_bytes_per_s;
+  w.family("thaw_fetch_rate_bytes_per_second", "gauge",
+           "Current fetch rate over every running fetch.");
+  w.sample("thaw_fetch_rate_bytes_per_second", rate);
+
+  std::map<std::string, int> by_state;
+  for (const char* s :
+       {"empty", "loading", "prewarmed", "active", "draining", "evicting", "failed"}) {
+    by_state[s] = 0;
+  }
+  for (const SlotStatus& s : service.slots()) ++by_state[s.state];
+  w.family("thaw_slots", "gauge", "Prewarm slots by state.");
+  for (const auto& [state, n] : by_state)
+    w.sample("thaw_slots", n, fmt::format("state=\"{}\"", state));
+
+  w.family("thaw_gpu_pool_bytes", "gauge", "GPU memory thaw manages, per GPU.");
+  for (const GpuStatus& g : service.gpus())
+    w.sample("thaw_gpu_pool_bytes", g.pool_bytes, fmt::format("gpu=\"{}\"", g.index));
+  w.family("thaw_gpu_free_bytes", "gauge", "Of it, pages no slot holds.");
+  for (const GpuStatus& g : service.gpus())
+    w.sample("thaw_gpu_free_bytes", g.free_bytes, fmt::format("gpu=\"{}\"", g.index));
+
+  w.family("thaw_cache_used_bytes", "gauge", "Host cache in use.");
+  w.sample("thaw_cache_used_bytes", cache_bytes_used);
+  w.family("thaw_cache_budget_bytes", "gauge", "Host cache budget.");
+  w.sample("thaw_cache_budget_bytes", cache_budget_bytes);
+
+  w.family("thaw_shim_connections", "counter", "Shim socket connections accepted.");
+  w.sample("thaw_shim_connections_total", shim.connections_accepted.load());
+  w.family("thaw_shim_refused", "counter", "Shim clients refused by the allow rule.");
+  w.sample("thaw_shim_refused_total", shim.connections_refused.load());
+  w.family("thaw_shim_dropped", "counter", "Shim connections closed for malformed messages.");
+  w.sample("thaw_shim_dropped_total", shim.connections_dropped.load());
+  w.family("thaw_shim_requests", "counter", "Shim requests handled.");
+  w.sample("thaw_shim_requests_total", shim.requests.load());
+  w.family("thaw_shim_request_errors", "counter", "Shim requests answered with an error.");
+  w.sample("thaw_shim_request_errors_total", shim.request_errors.load());
+  return w.finish();
+}
+
+}  // namespace thaw::daemon

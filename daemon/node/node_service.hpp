@@ -1,0 +1,182 @@
+// NodeService: what thawd does, behind every front end (D-Bus, the shim socket, metrics).
+//
+// It composes the host cache, a registry and each GPU's memory manager into operations on
+// models and prewarm slots:
+//
+//   fetch(model)          a background ModelFetch into the cache (one per model; asking
+//                         again while it runs joins it; a finished or failed one restarts
+//                         and resumes from the cache's verified chunks)
+//   prewarm(model, gpu)   a new slot on the GPU, filled from the cache as chunks arrive
+//                         (starting the fetch when the model is not cached yet); the copy
+//                         runs on a background thread, the call returns the slot id at once
+//   activate/deactivate/evict(slot)
+//   open_file(model, path)  a cached file and its readiness map, for the shim
+//   attach(model, owner)  descriptors of a prewarmed slot's pages, for the shim; what an
+//                         owner holds is given back by release_owner (also when it dies)
+//
+// Model keys are the cache's (registry name with '/' as "--"); slot ids are "g<gpu>s<n>".
+//
+// Threads: every member may be called from any thread. Fetches and prewarms run on their
+// own threads; reap() (called by the event loop on a timer) joins finished ones and
+// destroys slots whose eviction completed. change_counter() grows whenever something a
+// front end shows may have changed, so they can emit change signals without diffing.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/node/service_error.hpp"
+#include "daemon/store/cache/host_cache.hpp"
+#include "daemon/store/fetch/model_fetch.hpp"
+#include "daemon/store/registry/registry.hpp"
+#include "vmm/gpu_memory.hpp"
+
+namespace thaw::daemon {
+
+enum class ModelState { fetching, partial, complete, failed };
+std::string_view to_string(ModelState state);
+
+struct ModelStatus {
+  std::string key;
+  std::string name;  // as fetched from the registry ("" if cached before this thawd started)
+  ModelState state = ModelState::partial;
+  std::uint64_t fetched_bytes = 0;  // verified in the cache
+  std::uint64_t total_bytes = 0;    // of the files known so far
+  double rate_bytes_per_s = 0;      // while fetching
+  std::uint32_t files = 0;
+  std::string error;  // why the last fetch failed
+};
+
+struct SlotStatus {
+  std::string id;  // "g0s3"
+  std::uint32_t gpu = 0;
+  std::string model;  // cache key
+  std::string state;  // vmm::SlotState, or "failed" when its prewarm failed
+  std::uint64_t resident_bytes = 0;
+  std::uint64_t total_bytes = 0;
+  std::string owner;  // "pid 1234" of the shim client holding it, or ""
+  std::string error;
+};
+
+struct GpuStatus {
+  std::uint32_t index = 0;
+  std::uint64_t pool_bytes = 0;
+  std::uint64_t free_bytes = 0;
+  std::uint32_t slots = 0;
+  std::string active_slot;  // "" when none
+};
+
+struct NodeCounters {
+  std::atomic<std::uint64_t> fetched_bytes_critical{0};
+  std::atomic<std::uint64_t> fetched_bytes_background{0};
+  std::atomic<std::uint64_t> prewarm_hits{0};    // shim attach found a prewarmed slot
+  std::atomic<std::uint64_t> prewarm_misses{0};  // ... and did not
+  std::atomic<std::uint64_t> activations{0};
+  std::atomic<std::uint64_t> fetches_started{0};
+  std::atomic<std::uint64_t> fetches_failed{0};
+};
+
+// A cached file handed to a shim client: descriptors it can map and wait on.
+struct OpenedFile {
+  int data_fd = -1;       // O_RDONLY; the caller owns it
+  int readiness_fd = -1;  // O_RDONLY; the caller owns it
+  std::uint64_t size = 0;
+  std::uint64_t chunk_size = 0;
+  std::uint64_t chunk_count = 0;
+  bool complete = false;
+};
+
+struct AttachedSlot {
+  std::string slot;
+  std::uint32_t gpu = 0;
+  std::uint64_t weight_bytes = 0;
+  std::uint64_t token = 0;   // for confirm_import
+  vmm::ExportedRange pages;  // the caller owns the fds
+  std::vector<vmm::LayoutPiece> layout;
+};
+
+struct NodeServiceConfig {
+  std::string registry;  // address (store.registry); "" = none configured
+  std::uint32_t connections = 8;
+  std::uint64_t max_rate_bytes_per_s = 0;  // per fetch; 0 = no limit
+};
+
+class NodeService {
+ public:
+  NodeService(store::HostCache& cache, std::vector<vmm::GpuMemory*> gpus, NodeServiceConfig config);
+  ~NodeService();  // shutdown()
+  NodeService(const NodeService&) = delete;
+  NodeService& operator=(const NodeService&) = delete;
+
+  void set_config(NodeServiceConfig config);  // SIGHUP: used by fetches started from now on
+
+  ServiceResult<std::string> fetch(const std::string& model);
+  ServiceResult<std::string> prewarm(const std::string& model, std::optional<std::uint32_t> gpu);
+  ServiceResult<void> activate(const std::string& slot, std::uint64_t kv_bytes);
+  ServiceResult<void> deactivate(const std::string& slot);
+  ServiceResult<void> evict(const std::string& slot);
+
+  std::vector<ModelStatus> models() const;
+  ServiceResult<ModelStatus> model(const std::string& key_or_name) const;
+  std::vector<SlotStatus> slots() const;
+  ServiceResult<SlotStatus> slot(const std::string& id) const;
+  std::vector<GpuStatus> gpus() const;
+
+  ServiceResult<OpenedFile> open_file(const std::string& model, const std::string& path);
+  ServiceResult<AttachedSlot> attach(const std::string& model, const std::string& owner);
+  ServiceResult<void> confirm_import(const std::string& slot, std::uint64_t token);
+  // Gives back what `owner` holds (of one slot, or of all when `slot` is empty): exports
+  // not yet confirmed are unpinned, the slots released. Returns the slots released.
+  std::size_t release_owner(const std::string& owner, const std::string& slot = "");
+
+  // Joins finished fetch and prewarm threads, destroys slots whose eviction finished.
+  void reap();
+  // Cancels fetches and waits for every thread (prewarms finish their current copy).
+  void shutdown();
+
+  std::uint64_t change_counter() const { return changes_.load(); }
+  const NodeCounters& counters() const { return counters_; }
+
+  // The key a registry name is cached under ("org/name" → "org--name"), or the key itself.
+  static ServiceResult<std::string> key_for(const std::string& key_or_name);
+  static std::string slot_id(std::uint32_t gpu, vmm::SlotId slot);
+
+ private:
+  struct FetchJob;
+  struct SlotRecord;
+
+  ServiceResult<std::shared_ptr<FetchJob>> start_fetch_locked(const std::string& name,
+                                                              const std::string& key);
+  ModelStatus status_of_locked(const std::string& key, const store::CachedModelInfo* cached) const;
+  ServiceResult<std::pair<std::uint32_t, vmm::SlotId>> parse_slot_locked(
+      const std::string& id) const;
+  void run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_ptr<FetchJob> job);
+  // Moves finished prewarm threads to `done`; destroys slots whose eviction finished.
+  void reap_slots_locked(std::vector<std::thread>& done);
+  SlotStatus slot_status_locked(const SlotRecord& record) const;
+  void changed() { changes_.fetch_add(1); }
+
+  store::HostCache& cache_;
+  std::vector<vmm::GpuMemory*> gpus_;
+
+  mutable std::mutex mutex_;
+  NodeServiceConfig config_;
+  std::map<std::string, std::shared_ptr<FetchJob>> fetches_;  // by key, latest run
+  std::map<std::string, std::shared_ptr<SlotRecord>> slots_;  // by slot id
+  std::vector<std::thread> finished_threads_;
+  bool shutting_down_ = false;
+
+  std::atomic<std::uint64_t> changes_{1};
+  NodeCounters counters_;
+};
+
+}  // namespace thaw::daemon

@@ -1,0 +1,75 @@
+// NodeService's records of running work (private to daemon/node).
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "daemon/node/node_service.hpp"
+
+namespace thaw::daemon {
+
+// One run of a model's fetch. The thread sets `finished` last, so reap() can join it
+// without waiting.
+struct NodeService::FetchJob {
+  std::string name;
+  std::string key;
+  std::unique_ptr<store::Registry> registry;
+  std::unique_ptr<store::ModelFetch> fetch;  // after registry: it refers to it
+  std::thread thread;
+
+  bool done() const {
+    std::lock_guard lock(mutex);
+    return finished;
+  }
+  std::string error() const {
+    std::lock_guard lock(mutex);
+    return failure;
+  }
+  void mark_plan_known() {
+    std::lock_guard lock(mutex);
+    plan_known = true;
+    cv.notify_all();
+  }
+  void finish(std::string why) {
+    std::lock_guard lock(mutex);
+    failure = std::move(why);
+    finished = true;
+    cv.notify_all();
+  }
+  // Until the model's headers are in (a layout can be computed) or the fetch ended;
+  // returns the fetch's error if it ended without them.
+  std::string wait_for_plan() {
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return plan_known || finished; });
+    return plan_known ? std::string() : failure;
+  }
+
+  mutable std::mutex mutex;
+  std::condition_variable cv;
+  bool plan_known = false;
+  bool finished = false;
+  std::string failure;
+};
+
+struct NodeService::SlotRecord {
+  std::string id;
+  std::uint32_t gpu = 0;
+  vmm::SlotId slot = vmm::kNoSlot;
+  std::string key;
+  std::thread thread;  // the prewarm
+  // Guarded by NodeService::mutex_:
+  bool prewarming = true;
+  bool thread_finished = false;
+  bool evicting = false;
+  std::string error;
+  std::string owner;
+  std::map<std::uint64_t, bool> exports;  // token → confirmed
+  std::vector<vmm::LayoutPiece> layout;
+  std::uint64_t weight_bytes = 0;
+};
+
+}  // namespace thaw::daemon

@@ -1,0 +1,347 @@
+// NodeService: prewarm slots (prewarm, activate, deactivate, evict) and handing their pages
+// to shim clients (attach, confirm_import, release_owner).
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "common/safetensors/model.hpp"
+#include "daemon/node/node_service.hpp"
+#include "daemon/node/node_service_state.hpp"
+#include "daemon/prewarm/cache_weight_source.hpp"
+#include "daemon/store/cache/cache_layout.hpp"
+
+namespace thaw::daemon {
+
+std::string NodeService::slot_id(std::uint32_t gpu, vmm::SlotId slot) {
+  return fmt::format("g{}s{}", gpu, slot);
+}
+
+ServiceResult<std::pair<std::uint32_t, vmm::SlotId>> NodeService::parse_slot_locked(
+    const std::string& id) const {
+  auto it = slots_.find(id);
+  if (it == slots_.end()) {
+    return service_error(error_name::kUnknownSlot,
+                         fmt::format("no slot \"{}\" (slot ids look like g0s1; list them with "
+                                     "thawctl slots)",
+                                     id));
+  }
+  return std::pair{it->second->gpu, it->second->slot};
+}
+
+ServiceResult<std::string> NodeService::prewarm(const std::string& model,
+                                                std::optional<std::uint32_t> gpu) {
+  auto key = key_for(model);
+  if (!key) return std::unexpected(key.error());
+  bool cached_complete = false;
+  for (const store::CachedModelInfo& m : cache_.models()) {
+    if (m.key != *key || m.files.empty()) continue;
+    cached_complete = std::ranges::all_of(
+        m.files, [](const auto& f) { return f.state == store::FillState::complete; });
+  }
+
+  std::lock_guard lock(mutex_);
+  if (shutting_down_) return service_error(error_name::kShuttingDown, "thawd is stopping");
+  if (gpus_.empty()) {
+    return service_error(error_name::kNoGpu,
+                         "thawd has no GPU (no CUDA driver was found, or it reports no device); "
+                         "prewarm needs one — see `journalctl -u thawd` for why");
+  }
+  std::uint32_t index = 0;
+  if (gpu) {
+    if (*gpu >= gpus_.size()) {
+      return service_error(error_name::kUnknownGpu,
+                           fmt::format("no GPU {}: this node has {} (0 to {})", *gpu, gpus_.size(),
+                                       gpus_.size() - 1));
+    }
+    index = *gpu;
+  } else {
+    std::size_t best_free = 0;
+    for (std::uint32_t i = 0; i < gpus_.size(); ++i) {
+      const std::size_t free = gpus_[i]->pool().free;
+      if (i == 0 || free > best_free) {
+        best_free = free;
+        index = i;
+      }
+    }
+  }
+
+  std::shared_ptr<FetchJob> job;
+  if (auto it = fetches_.find(*key); it != fetches_.end() && !it->second->done()) {
+    job = it->second;
+  } else if (!cached_complete) {
+    auto started = start_fetch_locked(model, *key);
+    if (!started) return std::unexpected(started.error());
+    job = *started;
+  }
+
+  auto slot = gpus_[index]->create_slot(*key);
+  if (!slot) {
+    return service_error(error_name::kGpu, fmt::format("GPU {}: {}", index, slot.error().message));
+  }
+  auto record = std::make_shared<SlotRecord>();
+  record->id = slot_id(index, *slot);
+  record->gpu = index;
+  record->slot = *slot;
+  record->key = *key;
+  record->thread = std::thread([this, record, job] { run_prewarm(record, job); });
+  slots_[record->id] = record;
+  changed();
+  return record->id;
+}
+
+void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_ptr<FetchJob> job) {
+  std::string error;
+  std::vector<vmm::LayoutPiece> pieces;
+  std::uint64_t extent = 0;
+  if (job) error = job->wait_for_plan();
+  if (error.empty()) {
+    // Pinned while its bytes are copied: eviction from the cache must wait.
+    auto pin = cache_.pin(record->key);
+    auto model =
+        safetensors::Model::open(store::cache_layout::model_dir(cache_.root(), record->key));
+    if (!pin) {
+      error = pin.error().message;
+    } else if (!model) {
+      error = model.error().message;
+    } else if (auto layout = vmm::WeightLayout::packed(*model); !layout) {
+      error = layout.error().message;
+    } else {
+      CacheWeightSource source(cache_, record->key);
+      vmm::PrewarmOptions options;
+      options.on_progress = [this](std::uint64_t, std::uint64_t) { changed(); };
+      if (auto report = gpus_[record->gpu]->prewarm(record->slot, *layout, source, options);
+          !report) {
+        error = report.error().message;
+      } else {
+        pieces = layout->pieces();
+        extent = layout->extent();
+      }
+    }
+  } else {
+    error = "fetching the model failed: " + error;
+  }
+  std::lock_guard lock(mutex_);
+  record->prewarming = false;
+  record->thread_finished = true;
+  record->error = std::move(error);
+  record->layout = std::move(pieces);
+  record->weight_bytes = extent;
+  changed();
+}
+
+ServiceResult<void> NodeService::activate(const std::string& id, std::uint64_t kv_bytes) {
+  std::lock_guard lock(mutex_);
+  auto where = parse_slot_locked(id);
+  if (!where) return std::unexpected(where.error());
+  const SlotRecord& record = *slots_.at(id);
+  if (record.prewarming) {
+    return service_error(error_name::kSlotBusy,
+                         fmt::format("slot {} is still prewarming {}; wait for it to be "
+                                     "prewarmed (thawctl wait {})",
+                                     id, record.key, record.key));
+  }
+  vmm::GpuMemory& gpu = *gpus_[where->first];
+  vmm::ActivationOptions options;
+  // 0: what is free now, so activating never evicts other prewarmed slots unasked.
+  options.kv_bytes = kv_bytes != 0 ? kv_bytes : gpu.pool().free * gpu.pool().page_bytes;
+  auto report = gpu.activate(where->second, options);
+  if (!report) {
+    return service_error(error_name::kGpu,
+                         fmt::format("activating {}: {}", id, report.error().message));
+  }
+  counters_.activations.fetch_add(1);
+  changed();
+  return {};
+}
+
+ServiceResult<void> NodeService::deactivate(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  auto where = parse_slot_locked(id);
+  if (!where) return std::unexpected(where.error());
+  if (auto ok = gpus_[where->first]->deactivate(where->second); !ok) {
+    return service_error(error_name::kGpu,
+                         fmt::format("deactivating {}: {}", id, ok.error().message));
+  }
+  changed();
+  return {};
+}
+
+ServiceResult<void> NodeService::evict(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  auto where = parse_slot_locked(id);
+  if (!where) return std::unexpected(where.error());
+  SlotRecord& record = *slots_.at(id);
+  if (record.prewarming) {
+    return service_error(
+        error_name::kSlotBusy,
+        fmt::format("slot {} is still prewarming; evict it once it is prewarmed", id));
+  }
+  if (!record.owner.empty()) {
+    return service_error(error_name::kSlotBusy,
+                         fmt::format("slot {} is held by an engine ({}); it is evictable once "
+                                     "that engine releases it or exits",
+                                     id, record.owner));
+  }
+  vmm::GpuMemory& gpu = *gpus_[where->first];
+  auto info = gpu.slot(where->second);
+  if (info && info->state == vmm::SlotState::empty) {
+    (void)gpu.destroy_slot(where->second);  // a failed prewarm left nothing mapped
+    slots_.erase(id);
+    changed();
+    return {};
+  }
+  if (info && info->state == vmm::SlotState::active) {
+    return service_error(error_name::kSlotBusy,
+                         fmt::format("slot {} is active; deactivate it first (thawctl "
+                                     "deactivate {})",
+                                     id, id));
+  }
+  if (auto ok = gpu.evict(where->second); !ok) {
+    return service_error(error_name::kGpu, fmt::format("evicting {}: {}", id, ok.error().message));
+  }
+  record.evicting = true;
+  changed();
+  return {};
+}
+
+void NodeService::reap_slots_locked(std::vector<std::thread>& done) {
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    SlotRecord& r = *it->second;
+    if (r.thread_finished && r.thread.joinable()) done.push_back(std::move(r.thread));
+    if (r.evicting) {
+      auto info = gpus_[r.gpu]->slot(r.slot);
+      if (!info || info->state == vmm::SlotState::empty) {
+        (void)gpus_[r.gpu]->destroy_slot(r.slot);
+        it = slots_.erase(it);
+        changed();
+        continue;
+      }
+    }
+    ++it;
+  }
+}
+
+SlotStatus NodeService::slot_status_locked(const SlotRecord& r) const {
+  SlotStatus s;
+  s.id = r.id;
+  s.gpu = r.gpu;
+  s.model = r.key;
+  s.owner = r.owner;
+  s.error = r.error;
+  if (auto info = gpus_[r.gpu]->slot(r.slot)) {
+    s.state = std::string(vmm::to_string(info->state));
+    s.resident_bytes = info->loaded_bytes;
+    s.total_bytes = info->weight_bytes;
+  }
+  if (!r.prewarming && !r.error.empty() && s.state == "empty") s.state = "failed";
+  return s;
+}
+
+std::vector<SlotStatus> NodeService::slots() const {
+  std::lock_guard lock(mutex_);
+  std::vector<SlotStatus> out;
+  for (const auto& [id, record] : slots_) out.push_back(slot_status_locked(*record));
+  return out;
+}
+
+ServiceResult<SlotStatus> NodeService::slot(const std::string& id) const {
+  std::lock_guard lock(mutex_);
+  auto it = slots_.find(id);
+  if (it == slots_.end()) {
+    return service_error(error_name::kUnknownSlot, fmt::format("no slot \"{}\"", id));
+  }
+  return slot_status_locked(*it->second);
+}
+
+std::vector<GpuStatus> NodeService::gpus() const {
+  std::lock_guard lock(mutex_);
+  std::vector<GpuStatus> out;
+  for (std::uint32_t i = 0; i < gpus_.size(); ++i) {
+    const vmm::PoolInfo pool = gpus_[i]->pool();
+    GpuStatus g;
+    g.index = i;
+    g.pool_bytes = static_cast<std::uint64_t>(pool.pages) * pool.page_bytes;
+    g.free_bytes = static_cast<std::uint64_t>(pool.free) * pool.page_bytes;
+    for (const vmm::SlotInfo& s : gpus_[i]->slots()) {
+      ++g.slots;
+      if (s.state == vmm::SlotState::active) g.active_slot = slot_id(i, s.id);
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
+                                                const std::string& owner) {
+  auto key = key_for(model);
+  if (!key) return std::unexpected(key.error());
+  std::lock_guard lock(mutex_);
+  SlotRecord* found = nullptr;
+  for (auto& [id, record] : slots_) {
+    if (record->key != *key || record->prewarming || record->evicting || !record->owner.empty()) {
+      continue;
+    }
+    auto info = gpus_[record->gpu]->slot(record->slot);
+    if (info && info->complete() &&
+        (info->state == vmm::SlotState::prewarmed || info->state == vmm::SlotState::active)) {
+      found = record.get();
+      break;
+    }
+  }
+  if (found == nullptr) {
+    counters_.prewarm_misses.fetch_add(1);
+    return service_error(error_name::kNotPrewarmed,
+                         fmt::format("no free, fully prewarmed slot holds {} (prewarm one: "
+                                     "thawctl prewarm {})",
+                                     *key, model));
+  }
+  auto range = gpus_[found->gpu]->export_range(found->slot, 0, found->weight_bytes);
+  if (!range) {
+    return service_error(error_name::kGpu,
+                         fmt::format("exporting slot {}: {}", found->id, range.error().message));
+  }
+  counters_.prewarm_hits.fetch_add(1);
+  found->owner = owner;
+  found->exports[range->token] = false;
+  AttachedSlot out;
+  out.slot = found->id;
+  out.gpu = found->gpu;
+  out.weight_bytes = found->weight_bytes;
+  out.token = range->token;
+  out.pages = std::move(*range);
+  out.layout = found->layout;
+  changed();
+  return out;
+}
+
+ServiceResult<void> NodeService::confirm_import(const std::string& id, std::uint64_t token) {
+  std::lock_guard lock(mutex_);
+  auto it = slots_.find(id);
+  if (it == slots_.end() || !it->second->exports.contains(token) || it->second->exports[token]) {
+    return service_error(error_name::kInvalidArgument,
+                         fmt::format("no unconfirmed export {} of slot {}", token, id));
+  }
+  if (auto ok = gpus_[it->second->gpu]->confirm_import(token); !ok) {
+    return service_error(error_name::kGpu, ok.error().message);
+  }
+  it->second->exports[token] = true;
+  return {};
+}
+
+std::size_t NodeService::release_owner(const std::string& owner, const std::string& slot) {
+  std::lock_guard lock(mutex_);
+  std::size_t released = 0;
+  for (auto& [id, record] : slots_) {
+    if (record->owner != owner || (!slot.empty() && id != slot)) continue;
+    ++released;
+    for (auto& [token, confirmed] : record->exports) {
+      if (!confirmed) (void)gpus_[record->gpu]->confirm_import(token);
+    }
+    record->exports.clear();
+    record->owner.clear();
+    changed();
+  }
+  return released;
+}
+
+}  // namespace thaw::daemon

@@ -1,0 +1,332 @@
+#include "daemon/shim/shim_server.hpp"
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "daemon/log/log.hpp"
+
+namespace thaw::daemon {
+
+namespace {
+
+using proto::Message;
+using proto::MessageType;
+
+std::string errno_text(std::string_view what) {
+  return fmt::format("{}: {}", what, std::strerror(errno));
+}
+
+// Whether a live process answers on `path` (then it is not ours to replace).
+bool someone_listens(const std::filesystem::path& path) {
+  auto fd = proto::connect_seqpacket(path.string());
+  return fd.has_value();
+}
+
+PeerIdentity peer_of(int fd) {
+  PeerIdentity peer;
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    peer.pid = cred.pid;
+    peer.uid = cred.uid;
+    peer.gid = cred.gid;
+  }
+  std::vector<gid_t> groups(64);
+  len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+  int r = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len);
+  if (r != 0 && errno == ERANGE) {
+    groups.resize(len / sizeof(gid_t));
+    r = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len);
+  }
+  if (r == 0) {
+    groups.resize(len / sizeof(gid_t));
+    peer.groups = std::move(groups);
+  }
+  return peer;
+}
+
+// A string field of a request body; nullopt when missing or not a string.
+std::optional<std::string> text_field(const nlohmann::json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || !it->is_string()) return std::nullopt;
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+std::expected<std::unique_ptr<ShimServer>, std::string> ShimServer::start(
+    const std::filesystem::path& socket_path, NodeService& service, const AccessPolicy& access,
+    std::string node_id, sd_event* event) {
+  std::unique_ptr<ShimServer> s(new ShimServer(service, access, std::move(node_id)));
+  s->event_ = event;
+  std::error_code ec;
+  std::filesystem::create_directories(socket_path.parent_path(), ec);
+  if (ec) {
+    return std::unexpected(fmt::format("shim.socket {}: cannot create its directory: {}",
+                                       socket_path.string(), ec.message()));
+  }
+  if (std::filesystem::exists(std::filesystem::symlink_status(socket_path))) {
+    if (someone_listens(socket_path)) {
+      return std::unexpected(
+          fmt::format("shim.socket {}: another process (a second thawd?) is listening on it",
+                      socket_path.string()));
+    }
+    std::filesystem::remove(socket_path, ec);  // stale, from a thawd that crashed
+  }
+  s->listener_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!s->listener_) return std::unexpected(errno_text("shim socket"));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = socket_path.string();
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return std::unexpected(fmt::format("shim.socket {}: longer than a socket path may be ({})",
+                                       path, sizeof(addr.sun_path) - 1));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (::bind(s->listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return std::unexpected(errno_text(fmt::format("shim.socket {}: bind", path)));
+  }
+  s->path_ = socket_path;
+  ::chmod(path.c_str(), 0666);
+  if (::listen(s->listener_.get(), 128) != 0) {
+    return std::unexpected(errno_text(fmt::format("shim.socket {}: listen", path)));
+  }
+  if (int r = sd_event_add_io(event, &s->accept_source_, s->listener_.get(), EPOLLIN,
+                              &ShimServer::on_accept, s.get());
+      r < 0) {
+    return std::unexpected(fmt::format("shim socket: event loop: {}", std::strerror(-r)));
+  }
+  return s;
+}
+
+ShimServer::~ShimServer() {
+  if (accept_source_ != nullptr) sd_event_source_disable_unref(accept_source_);
+  while (!connections_.empty()) close_connection(connections_.begin()->first, "thawd stopping");
+  if (!path_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+  }
+}
+
+int ShimServer::on_accept(sd_event_source*, int fd, uint32_t, void* self) {
+  auto* s = static_cast<ShimServer*>(self);
+  for (;;) {
+    const int client = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (client < 0) {
+      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+        log(LogLevel::warning, errno_text("shim socket: accept"));
+      }
+      return 0;
+    }
+    auto c = std::make_unique<Connection>();
+    c->id = s->next_id_++;
+    c->fd.reset(client);
+    c->peer = peer_of(client);
+    c->owner = fmt::format("pid {} (connection {})", c->peer.pid, c->id);
+    if (sd_event_add_io(s->event_, &c->source, client, EPOLLIN, &ShimServer::on_readable, s) < 0) {
+      continue;  // closes `client`
+    }
+    sd_event_source_set_description(c->source, "shim-connection");
+    s->counters_.connections_accepted.fetch_add(1);
+    s->connections_[c->id] = std::move(c);
+  }
+}
+
+int ShimServer::on_readable(sd_event_source* source, int fd, uint32_t events, void* self) {
+  auto* s = static_cast<ShimServer*>(self);
+  Connection* c = nullptr;
+  for (auto& [id, conn] : s->connections_) {
+    if (conn->source == source) c = conn.get();
+  }
+  if (c == nullptr) return 0;
+  (void)events;
+  auto in = proto::receive_message(fd);
+  if (!in) {
+    if (in.error().code == proto::ReceiveErrc::io && (errno == EAGAIN || errno == EINTR)) return 0;
+    if (in.error().code == proto::ReceiveErrc::closed) {
+      s->close_connection(c->id, "closed by the client");
+      return 0;
+    }
+    s->counters_.connections_dropped.fetch_add(1);
+    s->close_connection(c->id, "bad message: " + in.error().message);
+    return 0;
+  }
+  if (in->message.version != proto::kProtocolVersion) {
+    Message reply;
+    reply.type = MessageType::error;
+    reply.request_id = in->message.request_id;
+    reply.body = {{"name", "org.thaw.Error.ProtocolVersion"},
+                  {"message", fmt::format("protocol version {} is not spoken here; thawd speaks "
+                                          "version {} (upgrade the shim or thawd)",
+                                          in->message.version, proto::kProtocolVersion)}};
+    (void)proto::send_message(fd, reply);
+    s->counters_.connections_dropped.fetch_add(1);
+    s->close_connection(c->id, fmt::format("protocol version {}", in->message.version));
+    return 0;
+  }
+  s->counters_.requests.fetch_add(1);
+  if (!s->handle(*c, *in)) {
+    s->counters_.connections_dropped.fetch_add(1);
+    s->close_connection(c->id,
+                        fmt::format("malformed {} message", proto::to_string(in->message.type)));
+  }
+  return 0;
+}
+
+void ShimServer::close_connection(std::uint64_t id, const std::string& why) {
+  auto it = connections_.find(id);
+  if (it == connections_.end()) return;
+  Connection& c = *it->second;
+  if (c.source != nullptr) sd_event_source_disable_unref(c.source);
+  const std::size_t released = service_.release_owner(c.owner);
+  if (released > 0) {
+    log(LogLevel::info, fmt::format("shim client {} went away ({}); gave back {} slot(s) it held",
+                                    c.owner, why, released));
+  }
+  connections_.erase(it);
+}
+
+bool ShimServer::send(Connection& c, Message reply, const std::vector<int>& fds) {
+  auto ok = proto::send_message(c.fd.get(), reply, fds);
+  if (!ok) {
+    log(LogLevel::warning, fmt::format("shim client {}: {}", c.owner, ok.error()));
+    return false;
+  }
+  return true;
+}
+
+bool ShimServer::reply_error(Connection& c, const Message& request, const ServiceError& error) {
+  counters_.request_errors.fetch_add(1);
+  Message reply;
+  reply.type = MessageType::error;
+  reply.request_id = request.request_id;
+  reply.body = {{"name", error.name}, {"message", error.message}};
+  return send(c, std::move(reply));
+}
+
+bool ShimServer::handle(Connection& c, proto::Received& in) {
+  const Message& m = in.message;
+  if (!in.fds.empty()) return false;  // clients never send descriptors
+  auto reply_of = [&](MessageType type, nlohmann::json body) {
+    Message r;
+    r.type = type;
+    r.request_id = m.request_id;
+    r.body = std::move(body);
+    return r;
+  };
+  if (!c.greeted && m.type != MessageType::hello) return false;
+  switch (m.type) {
+    case MessageType::hello: {
+      if (c.greeted) return false;
+      if (!access_->allows(c.peer)) {
+        counters_.connections_refused.fetch_add(1);
+        (void)reply_error(c, m,
+                          ServiceError{error_name::kAccessDenied,
+                                       fmt::format("thawd's shim socket serves {} (this process "
+                                                   "runs as uid {}); see shim.allow_groups",
+                                                   access_->describe(), c.peer.uid)});
+        return false;
+      }
+      c.greeted = true;
+      if (auto engine = text_field(m.body, "engine")) {
+        log(LogLevel::info, fmt::format("shim client {}: engine {}", c.owner, *engine));
+      }
+      return send(c, reply_of(MessageType::hello_ok, {{"protocol", proto::kProtocolVersion},
+                                                      {"node_id", node_id_},
+                                                      {"version", THAW_VERSION}}));
+    }
+    case MessageType::open_file: {
+      auto model = text_field(m.body, "model");
+      auto path = text_field(m.body, "path");
+      if (!model || !path) return false;
+      auto file = service_.open_file(*model, *path);
+      if (!file) return reply_error(c, m, file.error());
+      UniqueFd data(file->data_fd), ready(file->readiness_fd);
+      return send(c,
+                  reply_of(MessageType::file, {{"size", file->size},
+                                               {"chunk_size", file->chunk_size},
+                                               {"chunk_count", file->chunk_count},
+                                               {"complete", file->complete}}),
+                  {data.get(), ready.get()});
+    }
+    case MessageType::attach_slot: {
+      auto model = text_field(m.body, "model");
+      if (!model) return false;
+      auto slot = service_.attach(*model, c.owner);
+      if (!slot) return reply_error(c, m, slot.error());
+      std::vector<UniqueFd> owned;
+      for (const auto& p : slot->pages.pages) owned.emplace_back(p.fd);
+      const std::size_t total = slot->pages.pages.size();
+      const std::size_t messages =
+          (total + proto::kMaxFdsPerMessage - 1) / proto::kMaxFdsPerMessage;
+      nlohmann::json layout = nlohmann::json::array();
+      for (const auto& piece : slot->layout) {
+        layout.push_back({{"slot_offset", piece.slot_offset},
+                          {"file", piece.file},
+                          {"file_offset", piece.file_offset},
+                          {"bytes", piece.bytes},
+                          {"layer", piece.layer}});
+      }
+      // The layout of a big model can exceed one message; it is optional for a client that
+      // knows it (the shim recorded it), so it is left out rather than failing the attach.
+      nlohmann::json body = {
+          {"slot", slot->slot},   {"gpu", slot->gpu},          {"weight_bytes", slot->weight_bytes},
+          {"token", slot->token}, {"page_messages", messages}, {"layout", std::move(layout)}};
+      if (body.dump().size() + proto::kHeaderBytes > proto::kMaxMessageBytes) {
+        body["layout"] = nullptr;
+      }
+      if (!send(c, reply_of(MessageType::slot, std::move(body)))) return false;
+      for (std::size_t first = 0; first < total; first += proto::kMaxFdsPerMessage) {
+        const std::size_t end = std::min(total, first + proto::kMaxFdsPerMessage);
+        nlohmann::json pages = nlohmann::json::array();
+        std::vector<int> fds;
+        for (std::size_t i = first; i < end; ++i) {
+          pages.push_back({{"slot_offset", slot->pages.pages[i].slot_offset},
+                           {"bytes", slot->pages.pages[i].bytes}});
+          fds.push_back(owned[i].get());
+        }
+        if (!send(c, reply_of(MessageType::slot_pages, {{"pages", std::move(pages)}}), fds)) {
+          return false;
+        }
+      }
+      return true;
+    }
+    case MessageType::imported: {
+      auto slot = text_field(m.body, "slot");
+      auto token = m.body.find("token");
+      if (!slot || token == m.body.end() || !token->is_number_unsigned()) return false;
+      if (auto ok = service_.confirm_import(*slot, token->get<std::uint64_t>()); !ok) {
+        return reply_error(c, m, ok.error());
+      }
+      return send(c, reply_of(MessageType::ok, nlohmann::json::object()));
+    }
+    case MessageType::release: {
+      auto slot = text_field(m.body, "slot");
+      if (!slot) return false;
+      if (service_.release_owner(c.owner, *slot) == 0) {
+        return reply_error(c, m,
+                           ServiceError{error_name::kUnknownSlot,
+                                        fmt::format("this connection holds no slot {}", *slot)});
+      }
+      return send(c, reply_of(MessageType::ok, nlohmann::json::object()));
+    }
+    case MessageType::report_artifact: {
+      auto model = text_field(m.body, "model");
+      auto kind = text_field(m.body, "kind");
+      if (!model || !kind) return false;
+      counters_.artifacts_reported.fetch_add(1);
+      log(LogLevel::info, fmt::format("shim client {}: {} artifact for {}", c.owner, *kind, *model),
+          {{"MODEL", *model}});
+      return send(c, reply_of(MessageType::ok, nlohmann::json::object()));
+    }
+    default:
+      return false;  // replies are not requests
+  }
+}
+
+}  // namespace thaw::daemon

@@ -1,0 +1,87 @@
+// ShimServer: thawd's end of the shim socket (common/proto/shim_protocol.hpp for the
+// protocol), on the daemon's sd-event loop.
+//
+// - Listens on shim.socket (AF_UNIX SOCK_SEQPACKET, mode 0666: who may talk is decided by
+//   the allow rule, not by file permissions). A stale socket file left by a crashed thawd is
+//   replaced; one a live thawd answers on is not (start fails, saying so).
+// - Each connection's peer is taken from SO_PEERCRED and SO_PEERGROUPS at accept; its hello
+//   is refused (error AccessDenied, then close) unless the AccessPolicy allows it.
+// - A malformed, oversized or out-of-order message closes that connection only; a failed
+//   request gets an `error` reply and the connection stays.
+// - When a connection closes (the engine exited or died), everything it held — slot
+//   exports not yet confirmed, slot ownership — is given back (NodeService::release_owner).
+#pragma once
+
+#include <systemd/sd-event.h>
+
+#include <atomic>
+#include <cstdint>
+#include <expected>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/fd/unique_fd.hpp"
+#include "common/proto/seqpacket.hpp"
+#include "daemon/node/access_policy.hpp"
+#include "daemon/node/node_service.hpp"
+
+namespace thaw::daemon {
+
+struct ShimCounters {
+  std::atomic<std::uint64_t> connections_accepted{0};
+  std::atomic<std::uint64_t> connections_refused{0};  // by the allow rule
+  std::atomic<std::uint64_t> connections_dropped{0};  // malformed or oversized messages
+  std::atomic<std::uint64_t> requests{0};
+  std::atomic<std::uint64_t> request_errors{0};
+  std::atomic<std::uint64_t> artifacts_reported{0};
+};
+
+class ShimServer {
+ public:
+  static std::expected<std::unique_ptr<ShimServer>, std::string> start(
+      const std::filesystem::path& socket_path, NodeService& service, const AccessPolicy& access,
+      std::string node_id, sd_event* event);
+  // Closes every connection (giving back what they held) and removes the socket file.
+  ~ShimServer();
+  ShimServer(const ShimServer&) = delete;
+  ShimServer& operator=(const ShimServer&) = delete;
+
+  void set_access(const AccessPolicy& access) { access_ = &access; }
+  std::size_t connection_count() const { return connections_.size(); }
+  const ShimCounters& counters() const { return counters_; }
+
+ private:
+  struct Connection {
+    std::uint64_t id = 0;
+    UniqueFd fd;
+    sd_event_source* source = nullptr;
+    PeerIdentity peer;
+    std::string owner;  // "pid <n> (connection <id>)"
+    bool greeted = false;
+  };
+
+  ShimServer(NodeService& service, const AccessPolicy& access, std::string node_id)
+      : service_(service), access_(&access), node_id_(std::move(node_id)) {}
+  static int on_accept(sd_event_source* source, int fd, uint32_t events, void* self);
+  static int on_readable(sd_event_source* source, int fd, uint32_t events, void* self);
+  // Handles one message; false closes the connection.
+  bool handle(Connection& c, proto::Received& in);
+  bool reply_error(Connection& c, const proto::Message& request, const ServiceError& error);
+  bool send(Connection& c, proto::Message reply, const std::vector<int>& fds = {});
+  void close_connection(std::uint64_t id, const std::string& why);
+
+  NodeService& service_;
+  const AccessPolicy* access_;
+  std::string node_id_;
+  std::filesystem::path path_;
+  UniqueFd listener_;
+  sd_event* event_ = nullptr;
+  sd_event_source* accept_source_ = nullptr;
+  std::map<std::uint64_t, std::unique_ptr<Connection>> connections_;
+  std::uint64_t next_id_ = 1;
+  ShimCounters counters_;
+};
+
+}  // namespace thaw::daemon
