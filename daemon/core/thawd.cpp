@@ -109,8 +109,15 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   d->bus_ = std::move(*bus);
   d->state_ = "running";
   d->bus_->refresh();  // State is served from a snapshot: show "running" before READY=1
-  notifier.ready(d->status_line());
-  log(LogLevel::notice, "ready: " + d->status_line());
+  d->last_status_ = d->status_line();
+  notifier.ready(d->last_status_);
+  log(LogLevel::notice, "ready: " + d->last_status_);
+  // STATUS= follows what thawd holds (systemctl status shows it), checked once a second.
+  sd_event_source* status_timer = nullptr;
+  if (sd_event_add_time_relative(d->event_, &status_timer, CLOCK_MONOTONIC, 1'000'000, 0,
+                                 &Thawd::on_status_timer, d.get()) >= 0) {
+    d->sources_.push_back(status_timer);
+  }
   return d;
 }
 
@@ -152,9 +159,28 @@ ManagerInfo Thawd::manager_info() {
 }
 
 std::string Thawd::status_line() const {
-  return fmt::format("{} GPU(s), cache {} of {}", gpus_.size(),
-                     text::format_bytes(static_cast<double>(cache_->bytes_used())),
-                     text::format_bytes(static_cast<double>(config_.cache_budget_bytes)));
+  std::string line =
+      fmt::format("{} GPU(s), cache {} of {}", gpus_.size(),
+                  text::format_bytes(static_cast<double>(cache_->bytes_used())),
+                  text::format_bytes(static_cast<double>(config_.cache_budget_bytes)));
+  if (!service_) return line;
+  int fetching = 0, active = 0;
+  for (const ModelStatus& m : service_->models()) fetching += m.state == ModelState::fetching;
+  const std::vector<SlotStatus> slots = service_->slots();
+  for (const SlotStatus& s : slots) active += s.state == "active";
+  if (fetching > 0) line += fmt::format(", {} fetching", fetching);
+  if (!slots.empty()) line += fmt::format(", {} slot(s), {} active", slots.size(), active);
+  return line;
+}
+
+int Thawd::on_status_timer(sd_event_source* source, uint64_t usec, void* self) {
+  auto* d = static_cast<Thawd*>(self);
+  if (std::string line = d->status_line(); line != d->last_status_) {
+    d->last_status_ = line;
+    d->notifier_.status(line);
+  }
+  const int r = sd_event_source_set_time(source, usec + 1'000'000);
+  return r < 0 ? r : sd_event_source_set_enabled(source, SD_EVENT_ON);
 }
 
 int Thawd::on_signal(sd_event_source*, const struct signalfd_siginfo* info, void* self) {

@@ -52,6 +52,7 @@ class Thawd {
   std::string status_line() const;
   ManagerInfo manager_info();
   void reload();
+  static int on_status_timer(sd_event_source* source, uint64_t usec, void* self);
   static int on_signal(sd_event_source* source, const struct signalfd_siginfo* info, void* self);
 
   std::filesystem::path config_path_;
@@ -63,6 +64,7 @@ class Thawd {
   std::unique_ptr<AccessPolicy> access_;
   std::unique_ptr<NodeService> service_;  // uses cache_ and gpus_
   std::string state_ = "starting";
+  std::string last_status_;
   sd_event* event_ = nullptr;
   std::unique_ptr<MetricsServer> metrics_;  // its thread reads service_: stopped first
   std::unique_ptr<ShimServer> shim_;        // destroyed before event_ and service_

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "daemon/log/log.hpp"
 #include "daemon/node/node_service_state.hpp"
 #include "daemon/store/cache/cache_layout.hpp"
 
@@ -89,11 +90,23 @@ ServiceResult<std::shared_ptr<NodeService::FetchJob>> NodeService::start_fetch_l
   };
   job->fetch = std::make_unique<store::ModelFetch>(*job->registry, cache_, std::move(options));
   counters_.fetches_started.fetch_add(1);
+  log(LogLevel::info, fmt::format("fetching {} from {}", name, job->registry->describe()),
+      {{"MODEL", key}});
   job->thread = std::thread([this, job] {
     auto result = job->fetch->run();
     const store::ModelFetchProgress last = job->fetch->progress();
     counters_.fetched_bytes_critical.fetch_add(last.bytes_verified);
-    if (!result) counters_.fetches_failed.fetch_add(1);
+    if (!result) {
+      counters_.fetches_failed.fetch_add(1);
+      log(LogLevel::warning,
+          fmt::format("fetching {} failed: {}", job->key, result.error().message),
+          {{"MODEL", job->key}});
+    } else {
+      log(LogLevel::info,
+          fmt::format("fetched {}: {} bytes in {:.2f} s ({} already cached)", job->key,
+                      result->bytes_fetched, result->seconds, result->bytes_cached),
+          {{"MODEL", job->key}});
+    }
     job->finish(result ? std::string() : result.error().message);
     changed();
   });

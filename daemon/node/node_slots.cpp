@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "common/safetensors/model.hpp"
+#include "daemon/log/log.hpp"
 #include "daemon/node/node_service.hpp"
 #include "daemon/node/node_service_state.hpp"
 #include "daemon/prewarm/cache_weight_source.hpp"
@@ -120,6 +121,16 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
   } else {
     error = "fetching the model failed: " + error;
   }
+  const std::string gpu = std::to_string(record->gpu);
+  if (error.empty()) {
+    log(LogLevel::info,
+        fmt::format("slot {}: {} prewarmed ({} bytes)", record->id, record->key, extent),
+        {{"MODEL", record->key}, {"SLOT", record->id}, {"GPU", gpu}});
+  } else {
+    log(LogLevel::warning,
+        fmt::format("slot {}: prewarming {} failed: {}", record->id, record->key, error),
+        {{"MODEL", record->key}, {"SLOT", record->id}, {"GPU", gpu}});
+  }
   std::lock_guard lock(mutex_);
   record->prewarming = false;
   record->thread_finished = true;
@@ -150,6 +161,11 @@ ServiceResult<void> NodeService::activate(const std::string& id, std::uint64_t k
                          fmt::format("activating {}: {}", id, report.error().message));
   }
   counters_.activations.fetch_add(1);
+  log(LogLevel::info,
+      fmt::format(
+          "slot {}: {} active in {} us (critical path)", id, record.key,
+          std::chrono::duration_cast<std::chrono::microseconds>(report->critical_path).count()),
+      {{"MODEL", record.key}, {"SLOT", id}, {"GPU", std::to_string(where->first)}});
   changed();
   return {};
 }
@@ -200,6 +216,8 @@ ServiceResult<void> NodeService::evict(const std::string& id) {
     return service_error(error_name::kGpu, fmt::format("evicting {}: {}", id, ok.error().message));
   }
   record.evicting = true;
+  log(LogLevel::info, fmt::format("slot {}: evicting {}", id, record.key),
+      {{"MODEL", record.key}, {"SLOT", id}, {"GPU", std::to_string(where->first)}});
   changed();
   return {};
 }

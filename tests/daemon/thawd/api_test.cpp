@@ -99,6 +99,18 @@ TEST_F(ThawdFixture, BusctlFetchPrewarmActivateEvictUnderTheShippedPolicy) {
   EXPECT_EQ(get_property(bus_->address(), slot, "org.thaw.Node1.Slot", "ResidentBytes"),
             get_property(bus_->address(), slot, "org.thaw.Node1.Slot", "TotalBytes"));
   EXPECT_EQ(get_property(bus_->address(), slot, "org.thaw.Node1.Slot", "Model"), "s \"gpt-syn\"");
+  // Each object type's interface is exactly the shipped XML.
+  for (const auto& [path, name] : std::vector<std::pair<std::string, std::string>>{
+           {"/org/thaw/Node1/gpu/0", "Gpu"}, {slot, "Slot"}, {kModelPath, "Model"}}) {
+    const std::string interface = "org.thaw.Node1." + name;
+    auto xml = busctl(bus_->address(), {"introspect", "--xml-interface", "org.thaw.Node1", path});
+    EXPECT_FALSE(interface_block(xml.output, interface).empty()) << xml.output;
+    EXPECT_EQ(
+        interface_block(xml.output, interface),
+        interface_block(slurp(std::string(THAW_SOURCE_DIR "/packaging/") + interface + ".xml"),
+                        interface))
+        << "packaging/" << interface << ".xml differs from what thawd exports";
+  }
   auto tree = busctl(bus_->address(), {"tree", "org.thaw.Node1"});
   EXPECT_NE(tree.output.find("/org/thaw/Node1/slot/g0s0"), std::string::npos) << tree.output;
   auto managed =

@@ -82,6 +82,7 @@ TEST_F(ThawdLifecycle, ReadyReloadingStoppingInOrderAndACleanExit) {
     if (m.find("taking the D-Bus name") != std::string::npos) took_name_first = true;
   }
   EXPECT_TRUE(took_name_first) << "READY=1 before the bus name was taken";
+  EXPECT_TRUE(fs::exists(dir_.path() / "thawd.sock")) << "READY=1 before the shim socket listens";
 
   // The Manager, through the real busctl.
   int rc = 0;
