@@ -118,7 +118,8 @@ void shim_client(const std::string& socket, const std::string& model,
   samples.add(local);
 }
 
-void dbus_poller(const std::string& address, const std::vector<std::pair<std::string, std::string>>& objects,
+void dbus_poller(const std::string& address,
+                 const std::vector<std::pair<std::string, std::string>>& objects,
                  std::chrono::milliseconds interval, Clock::time_point end, Samples& samples) {
   std::vector<double> local;
   sd_bus* bus = nullptr;
@@ -141,7 +142,8 @@ void dbus_poller(const std::string& address, const std::vector<std::pair<std::st
     r = sd_bus_call_method(bus, "org.thaw.Node1", path.c_str(), "org.freedesktop.DBus.Properties",
                            "GetAll", &error, &reply, "s", interface.c_str());
     if (r < 0) {
-      samples.error(fmt::format("GetAll {}: {}", path, error.message ? error.message : strerror(-r)));
+      samples.error(
+          fmt::format("GetAll {}: {}", path, error.message ? error.message : strerror(-r)));
     } else {
       local.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
     }
@@ -180,36 +182,45 @@ int main(int argc, char** argv) {
   Samples shim, dbus;
   const double cpu_before = cpu_seconds(thawd_pid);
   const auto start = Clock::now();
-  const auto end = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const auto end =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   std::vector<std::thread> threads;
   for (int i = 0; i < shim_clients; ++i) {
-    threads.emplace_back(shim_client, socket, model, files, std::chrono::milliseconds(shim_interval_ms),
-                         reconnect_every, end, std::ref(shim));
+    threads.emplace_back(shim_client, socket, model, files,
+                         std::chrono::milliseconds(shim_interval_ms), reconnect_every, end,
+                         std::ref(shim));
   }
   const std::vector<std::pair<std::string, std::string>> objects = {
       {"/org/thaw/Node1", "org.thaw.Node1.Manager"},
       {model_path, "org.thaw.Node1.Model"},
       {"/org/thaw/Node1/gpu/0", "org.thaw.Node1.Gpu"}};
   for (int i = 0; i < dbus_clients; ++i) {
-    threads.emplace_back(dbus_poller, bus, objects, std::chrono::milliseconds(dbus_interval_ms), end,
-                         std::ref(dbus));
+    threads.emplace_back(dbus_poller, bus, objects, std::chrono::milliseconds(dbus_interval_ms),
+                         end, std::ref(dbus));
   }
   for (auto& t : threads) t.join();
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
   const double cpu = cpu_seconds(thawd_pid) - cpu_before;
 
-  nlohmann::json out = {
-      {"seconds", wall},
-      {"thawd_cpu_seconds", cpu},
-      {"thawd_cpu_share_of_one_core", cpu / wall},
-      {"shim", {{"clients", shim_clients}, {"requests", shim.latency_us.size()},
-                {"errors", shim.errors.load()}, {"p50_us", percentile(shim.latency_us, 50)},
-                {"p99_us", percentile(shim.latency_us, 99)}, {"max_us", percentile(shim.latency_us, 100)},
-                {"first_error", shim.first_error}}},
-      {"dbus", {{"clients", dbus_clients}, {"requests", dbus.latency_us.size()},
-                {"errors", dbus.errors.load()}, {"p50_us", percentile(dbus.latency_us, 50)},
-                {"p99_us", percentile(dbus.latency_us, 99)}, {"max_us", percentile(dbus.latency_us, 100)},
-                {"first_error", dbus.first_error}}}};
+  nlohmann::json out = {{"seconds", wall},
+                        {"thawd_cpu_seconds", cpu},
+                        {"thawd_cpu_share_of_one_core", cpu / wall},
+                        {"shim",
+                         {{"clients", shim_clients},
+                          {"requests", shim.latency_us.size()},
+                          {"errors", shim.errors.load()},
+                          {"p50_us", percentile(shim.latency_us, 50)},
+                          {"p99_us", percentile(shim.latency_us, 99)},
+                          {"max_us", percentile(shim.latency_us, 100)},
+                          {"first_error", shim.first_error}}},
+                        {"dbus",
+                         {{"clients", dbus_clients},
+                          {"requests", dbus.latency_us.size()},
+                          {"errors", dbus.errors.load()},
+                          {"p50_us", percentile(dbus.latency_us, 50)},
+                          {"p99_us", percentile(dbus.latency_us, 99)},
+                          {"max_us", percentile(dbus.latency_us, 100)},
+                          {"first_error", dbus.first_error}}}};
   if (json) {
     fmt::print("{}\n", out.dump(2));
   } else {
@@ -217,9 +228,12 @@ int main(int argc, char** argv) {
                100 * cpu / wall);
     for (const char* k : {"shim", "dbus"}) {
       const auto& s = out[k];
-      fmt::print("  {:<4} {:>3} clients: {:>8} requests, {} errors, latency p50 {:.0f} us, p99 {:.0f} us, max {:.0f} us\n",
-                 k, s["clients"].get<int>(), s["requests"].get<std::size_t>(), s["errors"].get<std::uint64_t>(),
-                 s["p50_us"].get<double>(), s["p99_us"].get<double>(), s["max_us"].get<double>());
+      fmt::print(
+          "  {:<4} {:>3} clients: {:>8} requests, {} errors, latency p50 {:.0f} us, p99 {:.0f} us, "
+          "max {:.0f} us\n",
+          k, s["clients"].get<int>(), s["requests"].get<std::size_t>(),
+          s["errors"].get<std::uint64_t>(), s["p50_us"].get<double>(), s["p99_us"].get<double>(),
+          s["max_us"].get<double>());
       if (!s["first_error"].get<std::string>().empty()) {
         fmt::print("       first error: {}\n", s["first_error"].get<std::string>());
       }

@@ -12,6 +12,17 @@
 
 namespace thaw::daemon {
 
+// Joins a worker that has finished (or detaches it when the last reference to its record
+// is dropped on that very thread), so destroying a record never meets a joinable thread.
+inline void retire(std::thread& t) {
+  if (!t.joinable()) return;
+  if (t.get_id() == std::this_thread::get_id()) {
+    t.detach();
+  } else {
+    t.join();
+  }
+}
+
 // One run of a model's fetch. The thread sets `finished` last, so reap() can join it
 // without waiting.
 struct NodeService::FetchJob {
@@ -20,6 +31,7 @@ struct NodeService::FetchJob {
   std::unique_ptr<store::Registry> registry;
   std::unique_ptr<store::ModelFetch> fetch;  // after registry: it refers to it
   std::thread thread;
+  ~FetchJob() { retire(thread); }
 
   bool done() const {
     std::lock_guard lock(mutex);
@@ -61,6 +73,7 @@ struct NodeService::SlotRecord {
   vmm::SlotId slot = vmm::kNoSlot;
   std::string key;
   std::thread thread;  // the prewarm
+  ~SlotRecord() { retire(thread); }
   // Guarded by NodeService::mutex_:
   bool prewarming = true;
   bool thread_finished = false;

@@ -1,0 +1,143 @@
+// NodeService without any front end: a local-directory registry (thaw-genmodel's GPT-2 with
+// a manifest), a host cache in a temporary directory and one emulated GPU.
+#include "daemon/node/node_service.hpp"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "daemon/store/fetch/manifest_publish.hpp"
+#include "fetch_test_support.hpp"
+#include "temp_dir.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using namespace thaw::daemon;
+using thaw::testing::TempDir;
+
+class NodeServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    thaw::store::testing::generate_model(registry_.path() / "gpt-syn");
+    thaw::store::PublishOptions publish;
+    publish.chunk_size = 64 << 10;
+    ASSERT_TRUE(thaw::store::publish_manifest(registry_.path() / "gpt-syn", publish));
+    auto cache = thaw::store::HostCache::open({cache_dir_.path(), 1ull << 30, {}, {}});
+    ASSERT_TRUE(cache) << cache.error().message;
+    cache_.emplace(std::move(*cache));
+    auto driver = thaw::cuda::Driver::load();
+    ASSERT_TRUE(driver) << driver.error().what();
+    thaw::vmm::GpuMemoryConfig gc;
+    gc.pool_bytes = 64 << 20;
+    auto gpu = thaw::vmm::GpuMemory::create(*driver, gc);
+    ASSERT_TRUE(gpu) << gpu.error().message;
+    gpu_ = std::move(*gpu);
+    service_ = std::make_unique<NodeService>(*cache_, std::vector{gpu_.get()},
+                                             NodeServiceConfig{registry_.path().string(), 4, 0});
+  }
+  void TearDown() override {
+    service_.reset();
+    gpu_.reset();
+  }
+
+  // Until `check` holds, reaping as thawd's timer would.
+  template <typename Check>
+  bool until(Check check, std::chrono::seconds timeout = 30s) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      service_->reap();
+      if (check()) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+  ModelState model_state_of(const std::string& name) { return service_->model(name).value().state; }
+  ModelState model_state() { return model_state_of("gpt-syn"); }
+  std::string slot_state(const std::string& id) { return service_->slot(id).value().state; }
+
+  TempDir registry_, cache_dir_;
+  std::optional<thaw::store::HostCache> cache_;
+  std::unique_ptr<thaw::vmm::GpuMemory> gpu_;
+  std::unique_ptr<NodeService> service_;
+};
+
+TEST_F(NodeServiceTest, FetchTwiceWhileRunningJoinsAndAfterwardsResumesFromTheCache) {
+  auto key = service_->fetch("gpt-syn");
+  ASSERT_TRUE(key) << key.error().message;
+  EXPECT_EQ(*key, "gpt-syn");
+  EXPECT_EQ(service_->fetch("gpt-syn").value(), "gpt-syn");  // joins the running one
+  // Waits without reaping, so the finished run's thread is still to be joined when the
+  // next fetch replaces it.
+  for (int i = 0; i < 3000 && model_state() != ModelState::complete; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(model_state(), ModelState::complete);
+  std::this_thread::sleep_for(50ms);  // the fetch thread has returned
+  const auto before = service_->counters().fetches_started.load();
+  EXPECT_EQ(before, 1u);
+  // Fetching again right away (before any reap) starts a new run that finds it all cached.
+  ASSERT_TRUE(service_->fetch("gpt-syn"));
+  ASSERT_TRUE(until([&] { return model_state() == ModelState::complete; }));
+  EXPECT_EQ(service_->counters().fetches_started.load(), 2u);
+  const ModelStatus m = service_->model("gpt-syn").value();
+  EXPECT_EQ(m.fetched_bytes, m.total_bytes);
+  EXPECT_GT(m.files, 2u);
+}
+
+TEST_F(NodeServiceTest, PrewarmOfAnUncachedModelFetchesItFirst) {
+  auto slot = service_->prewarm("gpt-syn", std::nullopt);
+  ASSERT_TRUE(slot) << slot.error().message;
+  EXPECT_EQ(*slot, "g0s0");
+  ASSERT_TRUE(until([&] { return slot_state(*slot) == "prewarmed"; }))
+      << service_->slot(*slot).value().error;
+  const SlotStatus s = service_->slot(*slot).value();
+  EXPECT_EQ(s.resident_bytes, s.total_bytes);
+  EXPECT_EQ(model_state(), ModelState::complete);
+}
+
+TEST_F(NodeServiceTest, AttachIsExclusiveUntilTheOwnerIsReleased) {
+  auto slot = service_->prewarm("gpt-syn", 0);
+  ASSERT_TRUE(slot);
+  ASSERT_TRUE(until([&] { return slot_state(*slot) == "prewarmed"; }));
+  auto a = service_->attach("gpt-syn", "pid 1");
+  ASSERT_TRUE(a) << a.error().message;
+  EXPECT_GT(a->pages.pages.size(), 0u);
+  for (const auto& p : a->pages.pages) ::close(p.fd);
+  EXPECT_EQ(service_->attach("gpt-syn", "pid 2").error().name, error_name::kNotPrewarmed);
+  EXPECT_EQ(service_->evict(*slot).error().name, error_name::kSlotBusy);
+  EXPECT_EQ(service_->confirm_import(*slot, a->token + 1).error().name,
+            error_name::kInvalidArgument);
+  EXPECT_EQ(service_->release_owner("pid 2"), 0u);
+  EXPECT_EQ(service_->release_owner("pid 1"), 1u);
+  EXPECT_EQ(service_->counters().prewarm_hits.load(), 1u);
+  EXPECT_EQ(service_->counters().prewarm_misses.load(), 1u);
+  ASSERT_TRUE(service_->evict(*slot));
+  EXPECT_TRUE(until([&] { return !service_->slot(*slot).has_value(); }));
+  EXPECT_EQ(gpu_->pool().free, gpu_->pool().pages);
+}
+
+TEST_F(NodeServiceTest, AFailedPrewarmShowsWhyAndCanBeEvicted) {
+  auto slot = service_->prewarm("no-such-model", 0);
+  ASSERT_TRUE(slot) << slot.error().message;
+  ASSERT_TRUE(until([&] { return slot_state(*slot) == "failed"; }));
+  EXPECT_NE(service_->slot(*slot).value().error.find("fetching the model failed"),
+            std::string::npos)
+      << service_->slot(*slot).value().error;
+  EXPECT_EQ(model_state_of("no-such-model"), ModelState::failed);
+  ASSERT_TRUE(service_->evict(*slot));
+  EXPECT_FALSE(service_->slot(*slot).has_value());
+}
+
+TEST_F(NodeServiceTest, RequestsNameWhatIsWrong) {
+  EXPECT_EQ(service_->prewarm("gpt-syn", 3).error().name, error_name::kUnknownGpu);
+  EXPECT_EQ(service_->activate("g0s9", 0).error().name, error_name::kUnknownSlot);
+  EXPECT_EQ(service_->fetch("").error().name, error_name::kInvalidArgument);
+  EXPECT_EQ(service_->open_file("gpt-syn", "../x").error().name, error_name::kInvalidArgument);
+  EXPECT_EQ(service_->open_file("gpt-syn", "config.json").error().name, error_name::kUnknownModel);
+  NodeService no_registry(*cache_, {}, NodeServiceConfig{});
+  EXPECT_EQ(no_registry.fetch("gpt-syn").error().name, error_name::kNoRegistry);
+  EXPECT_EQ(no_registry.prewarm("gpt-syn", std::nullopt).error().name, error_name::kNoGpu);
+}
+
+}  // namespace
