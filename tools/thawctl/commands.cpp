@@ -169,24 +169,27 @@ int slots(sd_bus* bus, const Options& o) {
   return kExitOk;
 }
 
-int models(sd_bus* bus, const Options& o) {
+// ListModels as JSON: key, name, state, fetched_bytes, total_bytes, path.
+nlohmann::json list_models(sd_bus* bus) {
   Reply reply = call(bus, "ListModels", {});
-  const nlohmann::json out =
-      read_array(reply.get(), "(ssstto)", [](sd_bus_message* m, nlohmann::json& out) {
-        const char *key = nullptr, *name = nullptr, *state = nullptr, *path = nullptr;
-        uint64_t fetched = 0, total = 0;
-        const int r =
-            sd_bus_message_read(m, "(ssstto)", &key, &name, &state, &fetched, &total, &path);
-        if (r > 0) {
-          out.push_back({{"key", key},
-                         {"name", name},
-                         {"state", state},
-                         {"fetched_bytes", fetched},
-                         {"total_bytes", total},
-                         {"path", path}});
-        }
-        return r;
-      });
+  return read_array(reply.get(), "(ssstto)", [](sd_bus_message* m, nlohmann::json& out) {
+    const char *key = nullptr, *name = nullptr, *state = nullptr, *path = nullptr;
+    uint64_t fetched = 0, total = 0;
+    const int r = sd_bus_message_read(m, "(ssstto)", &key, &name, &state, &fetched, &total, &path);
+    if (r > 0) {
+      out.push_back({{"key", key},
+                     {"name", name},
+                     {"state", state},
+                     {"fetched_bytes", fetched},
+                     {"total_bytes", total},
+                     {"path", path}});
+    }
+    return r;
+  });
+}
+
+int models(sd_bus* bus, const Options& o) {
+  const nlohmann::json out = list_models(bus);
   if (o.json) {
     fmt::print("{}\n", out.dump());
     return kExitOk;
@@ -215,15 +218,10 @@ int fetch(sd_bus* bus, const std::string& model, const Options& o) {
 }
 
 int wait_model(sd_bus* bus, const std::string& model, const Options& o) {
-  Reply reply = call(bus, "ListModels", {});
   std::string path;
-  read_array(reply.get(), "(ssstto)", [&](sd_bus_message* m, nlohmann::json&) {
-    const char *key = nullptr, *name = nullptr, *state = nullptr, *p = nullptr;
-    uint64_t fetched = 0, total = 0;
-    const int r = sd_bus_message_read(m, "(ssstto)", &key, &name, &state, &fetched, &total, &p);
-    if (r > 0 && (model == key || model == name)) path = p;
-    return r;
-  });
+  for (const auto& m : list_models(bus)) {
+    if (m["key"] == model || m["name"] == model) path = m["path"];
+  }
   if (path.empty()) {
     fail(fmt::format("thawd knows no model {} (fetch it: thawctl fetch {})", model, model));
   }

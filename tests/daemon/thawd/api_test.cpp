@@ -48,9 +48,9 @@ TEST_F(ThawdFixture, BusctlFetchPrewarmActivateEvictUnderTheShippedPolicy) {
 
   // Fetch, watching the model object's PropertiesChanged signals with busctl monitor.
   const fs::path monitor_out = dir_.path() / "monitor.json";
-  const pid_t monitor = spawn_stdout({"/usr/bin/busctl", "--address=" + bus_->address(), "monitor",
-                                      "--json=short", "org.thaw.Node1"},
-                                     monitor_out);
+  const pid_t monitor = spawn({"/usr/bin/busctl", "--address=" + bus_->address(), "monitor",
+                               "--json=short", "org.thaw.Node1"},
+                              {}, dir_.path() / "monitor.err", monitor_out);
   ::usleep(300'000);  // the monitor is registered with the bus
   auto fetch = busctl(bus_->address(), {"call", "org.thaw.Node1", kManager,
                                         "org.thaw.Node1.Manager", "Fetch", "s", "gpt-syn"});

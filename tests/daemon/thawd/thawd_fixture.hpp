@@ -76,22 +76,6 @@ class ThawdFixture : public ::testing::Test {
     args.insert(args.begin(), {THAWCTL_PATH, "--bus=" + bus_->address()});
     return run(args);
   }
-  // Runs a program with stdout to `out` (for busctl monitor); returns its pid.
-  static pid_t spawn_stdout(const std::vector<std::string>& argv,
-                            const std::filesystem::path& out) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    return pid;
-  }
-
   std::string log() const { return slurp(dir_.path() / "thawd.log"); }
   std::uint64_t model_bytes() const { return model_bytes_; }
   std::string metrics_url() const {

@@ -138,12 +138,15 @@ ProgramResult dbus_send(const std::string& address, const std::vector<std::strin
 }
 
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-            const fs::path& stderr_path) {
+            const fs::path& stderr_path, const fs::path& stdout_path) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
     const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(err, 2);
+    if (!stdout_path.empty()) {
+      ::dup2(::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 1);
+    }
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);

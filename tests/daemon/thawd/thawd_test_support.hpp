@@ -57,8 +57,11 @@ ProgramResult busctl_as_nobody(const std::string& address, const std::vector<std
 // dbus-send --print-reply (prints the D-Bus error name on failure).
 ProgramResult dbus_send(const std::string& address, const std::vector<std::string>& args);
 
+// Starts argv with `env` added, stderr appended to `stderr_path` and, when given, stdout
+// written to `stdout_path`; returns its pid.
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-            const std::filesystem::path& stderr_path);
+            const std::filesystem::path& stderr_path,
+            const std::filesystem::path& stdout_path = {});
 int wait_exit(pid_t pid);
 std::string slurp(const std::filesystem::path& p);
 
