@@ -1,0 +1,62 @@
+#include "preload/interpose/hook_table.hpp"
+
+#include <cuda.h>
+
+#include <array>
+#include <cstring>
+
+#include "preload/interpose/real_driver.hpp"
+
+// The hooks (preload/hooks/*.cpp), exported under the driver's names.
+extern "C" {
+CUresult cuMemAlloc_v2(CUdeviceptr*, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr*, size_t*, CUdeviceptr);
+CUresult cuPointerGetAttribute(void*, CUpointer_attribute, CUdeviceptr);
+CUresult cuPointerGetAttributes(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
+}
+
+namespace thaw::preload {
+
+namespace {
+
+std::array<HookEntry, static_cast<std::size_t>(Hook::count)>& table() {
+  static std::array<HookEntry, static_cast<std::size_t>(Hook::count)> t = {{
+      {"cuMemAlloc_v2", reinterpret_cast<void*>(&::cuMemAlloc_v2), {}},
+      {"cuMemFree_v2", reinterpret_cast<void*>(&::cuMemFree_v2), {}},
+      {"cuMemGetAddressRange_v2", reinterpret_cast<void*>(&::cuMemGetAddressRange_v2), {}},
+      {"cuPointerGetAttribute", reinterpret_cast<void*>(&::cuPointerGetAttribute), {}},
+      {"cuPointerGetAttributes", reinterpret_cast<void*>(&::cuPointerGetAttributes), {}},
+  }};
+  return t;
+}
+
+}  // namespace
+
+HookEntry& hook_entry(Hook h) { return table()[static_cast<std::size_t>(h)]; }
+
+HookEntry* find_hook(std::string_view variant) {
+  for (HookEntry& e : table()) {
+    if (variant == e.variant) return &e;
+  }
+  return nullptr;
+}
+
+HookEntry* find_hook_by_pointer(const void* hook) {
+  for (HookEntry& e : table()) {
+    if (e.hook == hook) return &e;
+  }
+  return nullptr;
+}
+
+void* real_function(Hook h) {
+  HookEntry& e = hook_entry(h);
+  if (void* p = e.real.load(std::memory_order_acquire)) return p;
+  void* p = driver_symbol(e.variant);
+  // Never our own hook (a lookup that found the shim's export would loop forever).
+  if (p == e.hook) return nullptr;
+  if (p != nullptr) e.real.store(p, std::memory_order_release);
+  return p;
+}
+
+}  // namespace thaw::preload

@@ -1,0 +1,48 @@
+// The hooked set: the exact driver entry points (ABI variants, e.g. "cuMemAlloc_v2") the shim
+// intercepts, each with its hook and the real function it forwards to.
+//
+// Engines reach a variant three ways, and all three end here:
+//   - linking libcuda.so.1: the shim exports a symbol of the same name (the hook itself);
+//   - dlsym(handle, "cuMemAlloc_v2"): the shim's dlsym returns the hook;
+//   - cuGetProcAddress("cuMemAlloc", ..., cudaVersion, flags): the wrapped lookup asks the
+//     driver first, then swaps in the hook only if the driver's answer is this variant.
+// Everything not in this table is the driver's own pointer, untouched.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <string_view>
+
+namespace thaw::preload {
+
+enum class Hook : std::size_t {
+  mem_alloc,
+  mem_free,
+  mem_get_address_range,
+  pointer_get_attribute,
+  pointer_get_attributes,
+  count
+};
+
+struct HookEntry {
+  const char* variant;  // the exported name of the ABI variant hooked
+  void* hook;
+  std::atomic<void*> real{nullptr};  // the driver's function, once known
+};
+
+// The table; entries are in Hook order.
+HookEntry& hook_entry(Hook h);
+// The entry for an exported variant name, or nullptr when it is not hooked.
+HookEntry* find_hook(std::string_view variant);
+// The entry whose hook is `hook`, or nullptr.
+HookEntry* find_hook_by_pointer(const void* hook);
+
+// The real function of a hooked variant: as handed over by the driver, else looked up in
+// the driver library. nullptr when no driver is loaded.
+void* real_function(Hook h);
+template <typename Fn>
+Fn real(Hook h) {
+  return reinterpret_cast<Fn>(real_function(h));
+}
+
+}  // namespace thaw::preload

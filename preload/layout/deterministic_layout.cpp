@@ -1,0 +1,151 @@
+#include "preload/layout/deterministic_layout.hpp"
+
+#include <fmt/format.h>
+
+namespace thaw::preload {
+
+bool LayoutDriver::complete() const {
+  return ctx_get_device && device_total_mem && mem_get_allocation_granularity &&
+         mem_address_reserve && mem_address_free && mem_create && mem_release && mem_map && mem_unmap &&
+         mem_set_access;
+}
+
+namespace {
+
+CUmemAllocationProp device_prop(CUdevice device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  // Shareable, so that CUDA IPC of this memory can be carried over POSIX-fd VMM sharing.
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+DeterministicLayout::DeterministicLayout(LayoutDriver driver, std::uint64_t base)
+    : driver_(driver), base_(base) {
+  if (!driver_.complete()) stopped_ = "the driver lacks a VMM entry point the layout needs";
+}
+
+void DeterministicLayout::stop_locked(std::string why) {
+  if (!stopped_) stopped_ = std::move(why);
+}
+
+bool DeterministicLayout::ensure_region_locked(CUdevice device) {
+  if (reserved_) return device == device_;  // other devices: the driver's usual addresses
+  const CUmemAllocationProp prop = device_prop(device);
+  std::size_t total = 0;
+  if (driver_.mem_get_allocation_granularity(&granularity_, &prop,
+                                             CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+      granularity_ == 0 || driver_.device_total_mem(&total, device) != CUDA_SUCCESS) {
+    stop_locked("cannot query the device's granularity or memory size");
+    return false;
+  }
+  region_size_ = round_up(2 * static_cast<std::uint64_t>(total), granularity_);
+  CUdeviceptr got = 0;
+  if (driver_.mem_address_reserve(&got, region_size_, granularity_, base_, 0) != CUDA_SUCCESS) {
+    stop_locked(fmt::format("cannot reserve {} bytes of VA", region_size_));
+    return false;
+  }
+  if (got != base_) {
+    // Not where asked: addresses would differ from run to run, so the layout stops rather
+    // than serve them.
+    (void)driver_.mem_address_free(got, region_size_);
+    stop_locked(fmt::format("the driver placed the region at {:#x}, not at {:#x} (is that VA "
+                            "in use? set THAW_PRELOAD_VA_BASE)",
+                            got, base_));
+    return false;
+  }
+  reserved_ = true;
+  device_ = device;
+  return true;
+}
+
+std::optional<CUresult> DeterministicLayout::allocate(CUdeviceptr* out, std::size_t size) {
+  if (out == nullptr || size == 0) return std::nullopt;  // the driver's own error
+  CUdevice device = 0;
+  if (driver_.ctx_get_device(&device) != CUDA_SUCCESS) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  if (stopped_ || !ensure_region_locked(device)) return std::nullopt;
+  const std::uint64_t mapped = round_up(size, granularity_);
+  if (cursor_ + mapped > region_size_) {
+    stop_locked(fmt::format("the region is full after {} allocations", next_index_));
+    return std::nullopt;
+  }
+  const CUdeviceptr va = base_ + cursor_;
+  const CUmemAllocationProp prop = device_prop(device);
+  CUmemGenericAllocationHandle handle = 0;
+  if (CUresult r = driver_.mem_create(&handle, mapped, &prop, 0); r != CUDA_SUCCESS) return r;
+  CUresult r = driver_.mem_map(va, mapped, 0, handle, 0);
+  (void)driver_.mem_release(handle);  // the mapping keeps the memory
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (r = driver_.mem_set_access(va, mapped, &access, 1); r != CUDA_SUCCESS) {
+    (void)driver_.mem_unmap(va, mapped);
+    return r;
+  }
+  cursor_ += mapped;
+  live_[va] = LayoutAllocation{next_index_++, va, size, mapped, device};
+  *out = va;
+  return CUDA_SUCCESS;
+}
+
+std::optional<CUresult> DeterministicLayout::free(CUdeviceptr ptr) {
+  std::lock_guard lock(mutex_);
+  if (!reserved_ || ptr < base_ || ptr >= base_ + region_size_) return std::nullopt;
+  auto it = live_.find(ptr);
+  // Inside the region but not an allocation's start (or freed twice): what cuMemFree says.
+  if (it == live_.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = driver_.mem_unmap(it->second.base, it->second.mapped); r != CUDA_SUCCESS) {
+    return r;
+  }
+  live_.erase(it);
+  return CUDA_SUCCESS;
+}
+
+std::optional<LayoutAllocation> DeterministicLayout::find(CUdeviceptr ptr) const {
+  std::lock_guard lock(mutex_);
+  auto it = live_.upper_bound(ptr);
+  if (it == live_.begin()) return std::nullopt;
+  --it;
+  if (ptr >= it->second.base + it->second.size) return std::nullopt;
+  return it->second;
+}
+
+bool DeterministicLayout::in_region(CUdeviceptr ptr) const {
+  std::lock_guard lock(mutex_);
+  return reserved_ && ptr >= base_ && ptr < base_ + region_size_;
+}
+
+bool DeterministicLayout::active() const {
+  std::lock_guard lock(mutex_);
+  return !stopped_;
+}
+
+std::optional<std::string> DeterministicLayout::stop_reason() const {
+  std::lock_guard lock(mutex_);
+  return stopped_;
+}
+
+std::uint64_t DeterministicLayout::allocations() const {
+  std::lock_guard lock(mutex_);
+  return next_index_;
+}
+
+void DeterministicLayout::reset_after_fork() {
+  // Only the forking thread exists in the child; the mutex may have been held by another.
+  new (&mutex_) std::mutex();
+  live_.clear();
+  reserved_ = false;
+  cursor_ = 0;
+  stopped_ = "this process was forked from one whose layout it cannot share";
+}
+
+}  // namespace thaw::preload

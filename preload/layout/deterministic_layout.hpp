@@ -1,0 +1,99 @@
+// DeterministicLayout: the engine's cuMemAlloc allocations, served from one VA region at a
+// fixed base through VMM, in allocation order — so the same engine on the same model gets
+// the same device addresses every run (the idea Foundry uses for graph persistence). The
+// foundation for weight injection (prewarmed pages mapped at exactly the weights' addresses)
+// and graph restore (recorded pointers stay valid).
+//
+// - The region (2 × the device's memory of VA, reserved once at `base`) is carved by a
+//   monotonic cursor: allocation i lands at base + Σ round_up(size_j, granularity), j < i.
+//   A freed allocation's pages go back to the driver; its VA is not reused, so a later
+//   allocation never depends on the order of frees.
+// - Each allocation is cuMemCreate (pinned device memory, POSIX-fd shareable) + cuMemMap +
+//   cuMemSetAccess(read/write) — the physical handle is released at once, the mapping
+//   keeps the memory alive until cuMemUnmap at free.
+// - Queries answer as for cuMemAlloc memory: the allocation's own base and requested size,
+//   not the region's.
+// - When the region cannot be reserved at `base`, or fills up, the layout stops (later
+//   allocations go to the driver as usual) and says so once: slower to restore, never wrong.
+//
+// Thread-safe. The driver functions are passed in, so this is testable on the emulator
+// without the rest of the shim.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace thaw::preload {
+
+struct LayoutDriver {
+  CUresult (*ctx_get_device)(CUdevice*) = nullptr;
+  CUresult (*device_total_mem)(size_t*, CUdevice) = nullptr;
+  CUresult (*mem_get_allocation_granularity)(size_t*, const CUmemAllocationProp*,
+                                             CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*mem_address_reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
+                                  unsigned long long) = nullptr;
+  CUresult (*mem_address_free)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*mem_create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                         unsigned long long) = nullptr;
+  CUresult (*mem_release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*mem_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                      unsigned long long) = nullptr;
+  CUresult (*mem_unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+
+  bool complete() const;
+};
+
+struct LayoutAllocation {
+  std::uint64_t index = 0;  // allocation order in this process, from 0
+  CUdeviceptr base = 0;
+  std::size_t size = 0;    // as requested
+  std::size_t mapped = 0;  // rounded up to the granularity
+  CUdevice device = 0;
+};
+
+class DeterministicLayout {
+ public:
+  DeterministicLayout(LayoutDriver driver, std::uint64_t base);
+
+  // nullopt: not served here (layout stopped, no context, other device): the caller asks
+  // the driver. Otherwise the driver's result of the VMM calls (e.g. OUT_OF_MEMORY).
+  std::optional<CUresult> allocate(CUdeviceptr* out, std::size_t size);
+  // nullopt: `ptr` is not in the region (the driver's own allocation).
+  std::optional<CUresult> free(CUdeviceptr ptr);
+  // The live allocation containing `ptr`.
+  std::optional<LayoutAllocation> find(CUdeviceptr ptr) const;
+  // Whether `ptr` lies in the region at all (live or freed).
+  bool in_region(CUdeviceptr ptr) const;
+
+  bool active() const;
+  std::optional<std::string> stop_reason() const;
+  std::uint64_t allocations() const;  // served so far
+  // Forget everything without touching the driver (a forked child: the parent's driver
+  // state is not the child's). The layout stays stopped in the child.
+  void reset_after_fork();
+
+ private:
+  bool ensure_region_locked(CUdevice device);
+  void stop_locked(std::string why);
+
+  LayoutDriver driver_;
+  const std::uint64_t base_;
+  mutable std::mutex mutex_;
+  bool reserved_ = false;
+  std::optional<std::string> stopped_;
+  CUdevice device_ = 0;
+  std::size_t granularity_ = 0;
+  std::uint64_t region_size_ = 0;
+  std::uint64_t cursor_ = 0;  // offset of the next allocation
+  std::uint64_t next_index_ = 0;
+  std::map<CUdeviceptr, LayoutAllocation> live_;  // by base
+};
+
+}  // namespace thaw::preload
