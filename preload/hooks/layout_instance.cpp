@@ -50,6 +50,8 @@ DeterministicLayout* layout_instance() {
   return layout;
 }
 
-void register_fork_handler() { ::pthread_atfork(nullptr, nullptr, &after_fork_in_child); }
+void register_fork_handler() {
+  ::pthread_atfork(nullptr, nullptr, &after_fork_in_child);
+}
 
 }  // namespace thaw::preload

@@ -43,8 +43,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
       return *r;
     }
     if (auto why = layout->stop_reason()) {
-      notice_once("layout-stopped", "deterministic layout off: " + *why +
-                                        "; allocations use the driver's addresses");
+      notice_once("layout-stopped",
+                  "deterministic layout off: " + *why + "; allocations use the driver's addresses");
     }
   }
   counters().passthrough_allocations.fetch_add(1, std::memory_order_relaxed);

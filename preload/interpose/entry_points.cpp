@@ -16,6 +16,12 @@
 // cuda.h maps cuGetProcAddress to cuGetProcAddress_v2; the shim exports both ABIs.
 #undef cuGetProcAddress
 
+// The shim's exports of the lookup functions (defined below), handed out in place of the
+// driver's so that dladdr and friends see the driver's names.
+extern "C" CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t,
+                                        CUdriverProcAddressQueryResult*);
+extern "C" CUresult cuGetProcAddress(const char*, void**, int, cuuint64_t);
+
 namespace thaw::preload {
 namespace {
 
@@ -32,10 +38,10 @@ CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int cuda_ve
 void* substitute(void* found) {
   if (found == nullptr || config().disabled) return found;
   if (found == reinterpret_cast<void*>(real_get_proc_address_v2())) {
-    return reinterpret_cast<void*>(&wrapped_get_proc_address_v2);
+    return reinterpret_cast<void*>(&::cuGetProcAddress_v2);
   }
   if (found == reinterpret_cast<void*>(real_get_proc_address_v1())) {
-    return reinterpret_cast<void*>(&wrapped_get_proc_address_v1);
+    return reinterpret_cast<void*>(&::cuGetProcAddress);
   }
   // The driver answered with some variant; hook it only if it is exactly a hooked one.
   Dl_info info{};
@@ -98,7 +104,9 @@ extern "C" __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(
   return wrapped_get_proc_address_v2(symbol, pfn, cuda_version, flags, status);
 }
 
-extern "C" __attribute__((visibility("default"))) CUresult cuGetProcAddress(
-    const char* symbol, void** pfn, int cuda_version, cuuint64_t flags) {
+extern "C" __attribute__((visibility("default"))) CUresult cuGetProcAddress(const char* symbol,
+                                                                            void** pfn,
+                                                                            int cuda_version,
+                                                                            cuuint64_t flags) {
   return wrapped_get_proc_address_v1(symbol, pfn, cuda_version, flags);
 }

@@ -33,7 +33,9 @@ std::array<HookEntry, static_cast<std::size_t>(Hook::count)>& table() {
 
 }  // namespace
 
-HookEntry& hook_entry(Hook h) { return table()[static_cast<std::size_t>(h)]; }
+HookEntry& hook_entry(Hook h) {
+  return table()[static_cast<std::size_t>(h)];
+}
 
 HookEntry* find_hook(std::string_view variant) {
   for (HookEntry& e : table()) {

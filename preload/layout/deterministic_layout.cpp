@@ -6,8 +6,8 @@ namespace thaw::preload {
 
 bool LayoutDriver::complete() const {
   return ctx_get_device && device_total_mem && mem_get_allocation_granularity &&
-         mem_address_reserve && mem_address_free && mem_create && mem_release && mem_map && mem_unmap &&
-         mem_set_access;
+         mem_address_reserve && mem_address_free && mem_create && mem_release && mem_map &&
+         mem_unmap && mem_set_access;
 }
 
 namespace {
@@ -22,7 +22,9 @@ CUmemAllocationProp device_prop(CUdevice device) {
   return prop;
 }
 
-std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
+  return (v + to - 1) / to * to;
+}
 
 }  // namespace
 
@@ -55,9 +57,10 @@ bool DeterministicLayout::ensure_region_locked(CUdevice device) {
     // Not where asked: addresses would differ from run to run, so the layout stops rather
     // than serve them.
     (void)driver_.mem_address_free(got, region_size_);
-    stop_locked(fmt::format("the driver placed the region at {:#x}, not at {:#x} (is that VA "
-                            "in use? set THAW_PRELOAD_VA_BASE)",
-                            got, base_));
+    stop_locked(
+        fmt::format("the driver placed the region at {:#x}, not at {:#x} (is that VA "
+                    "in use? set THAW_PRELOAD_VA_BASE)",
+                    got, base_));
     return false;
   }
   reserved_ = true;
@@ -142,10 +145,14 @@ std::uint64_t DeterministicLayout::allocations() const {
 void DeterministicLayout::reset_after_fork() {
   // Only the forking thread exists in the child; the mutex may have been held by another.
   new (&mutex_) std::mutex();
-  live_.clear();
-  reserved_ = false;
-  cursor_ = 0;
-  stopped_ = "this process was forked from one whose layout it cannot share";
+  // A parent that had not used the layout yet (engines fork workers before initialising
+  // CUDA) leaves the child a fresh one. One that had cannot share its region with the
+  // child (the child's driver state is not the parent's): the child's layout stops.
+  if (reserved_) {
+    live_.clear();
+    reserved_ = false;
+    stopped_ = "this process was forked from one that had already used the layout";
+  }
 }
 
 }  // namespace thaw::preload

@@ -75,8 +75,8 @@ class DeterministicLayout {
   bool active() const;
   std::optional<std::string> stop_reason() const;
   std::uint64_t allocations() const;  // served so far
-  // Forget everything without touching the driver (a forked child: the parent's driver
-  // state is not the child's). The layout stays stopped in the child.
+  // In a forked child: a layout the parent had not used yet starts afresh; one it had used
+  // stops (the parent's driver state is not the child's). Never touches the driver.
   void reset_after_fork();
 
  private:
