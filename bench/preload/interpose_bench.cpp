@@ -32,7 +32,8 @@ Fn get(const char* name) {
 }
 
 double ns_per_call(Clock::time_point start, long n) {
-  return std::chrono::duration<double, std::nano>(Clock::now() - start).count() / static_cast<double>(n);
+  return std::chrono::duration<double, std::nano>(Clock::now() - start).count() /
+         static_cast<double>(n);
 }
 
 }  // namespace
@@ -51,7 +52,9 @@ int main(int argc, char** argv) {
   auto mfree = get<decltype(&cuMemFree_v2)>("cuMemFree");
   auto attribute = get<decltype(&cuPointerGetAttribute)>("cuPointerGetAttribute");
   CUcontext ctx = nullptr;
-  if (init(0) != CUDA_SUCCESS || retain(&ctx, 0) != CUDA_SUCCESS || set_current(ctx) != CUDA_SUCCESS) return 3;
+  if (init(0) != CUDA_SUCCESS || retain(&ctx, 0) != CUDA_SUCCESS ||
+      set_current(ctx) != CUDA_SUCCESS)
+    return 3;
 
   CUcontext c = nullptr;
   for (long i = 0; i < calls / 10; ++i) get_current(&c);  // warm
@@ -73,7 +76,9 @@ int main(int argc, char** argv) {
     if (alloc(&p, 2 << 20) != CUDA_SUCCESS || mfree(p) != CUDA_SUCCESS) return 5;
   }
   const double allocation = ns_per_call(t, allocs);
-  std::printf("{\"unhooked_ns\":%.3f,\"hooked_query_ns\":%.3f,\"alloc_free_ns\":%.1f,\"calls\":%ld,\"allocs\":%ld}\n",
-              unhooked, query, allocation, calls, allocs);
+  std::printf(
+      "{\"unhooked_ns\":%.3f,\"hooked_query_ns\":%.3f,\"alloc_free_ns\":%.1f,\"calls\":%ld,"
+      "\"allocs\":%ld}\n",
+      unhooked, query, allocation, calls, allocs);
   return 0;
 }

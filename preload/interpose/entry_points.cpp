@@ -25,7 +25,7 @@ extern "C" CUresult cuGetProcAddress(const char*, void**, int, cuuint64_t);
 namespace thaw::preload {
 namespace {
 
-bool is_driver_name(const char* name) {
+[[maybe_unused]] bool is_driver_name(const char* name) {
   return name != nullptr && name[0] == 'c' && name[1] == 'u' && name[2] >= 'A' && name[2] <= 'Z';
 }
 
@@ -85,10 +85,18 @@ CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int cuda_ve
 
 using namespace thaw::preload;
 
-extern "C" __attribute__((visibility("default"))) void* dlsym(void* handle, const char* name) {
-  const DlsymFn real = real_dlsym();
-  void* found = real(handle, name);
-  if (found == nullptr || !is_driver_name(name) || config().disabled || ReentryGuard::inside() ||
+// dlsym itself is a few instructions of assembly (x86-64): any name that is not "cu" + an
+// upper-case letter is a tail jump to glibc's dlsym, so glibc sees the original caller's
+// return address — RTLD_NEXT lookups (a sanitizer runtime's, another interposer's) resolve
+// relative to *their* library, not the shim's — and nothing instrumented runs before a
+// sanitizer runtime is ready. Driver names go to thaw_dlsym_driver_name below.
+extern "C" void* thaw_real_dlsym_ptr;
+extern "C" void* thaw_resolve_real_dlsym();
+
+extern "C" __attribute__((visibility("hidden"))) void* thaw_dlsym_driver_name(void* handle,
+                                                                              const char* name) {
+  void* found = real_dlsym()(handle, name);
+  if (found == nullptr || config().disabled || ReentryGuard::inside() ||
       inside_driver(__builtin_return_address(0))) {
     return found;
   }
@@ -96,6 +104,46 @@ extern "C" __attribute__((visibility("default"))) void* dlsym(void* handle, cons
   note_driver_symbol(handle, found);
   return substitute(found);
 }
+
+#if defined(__x86_64__)
+asm(R"(
+    .text
+    .globl dlsym
+    .type dlsym, @function
+dlsym:
+    test %rsi, %rsi
+    jz 1f
+    cmpb $0x63, (%rsi)          # 'c'
+    jne 1f
+    cmpb $0x75, 1(%rsi)         # 'u'
+    jne 1f
+    movzbl 2(%rsi), %eax
+    sub $0x41, %eax             # 'A'..'Z'
+    cmp $25, %eax
+    ja 1f
+    jmp thaw_dlsym_driver_name
+1:  mov thaw_real_dlsym_ptr(%rip), %rax
+    test %rax, %rax
+    jz 2f
+    jmp *%rax
+2:  push %rdi
+    push %rsi
+    sub $8, %rsp
+    call thaw_resolve_real_dlsym
+    add $8, %rsp
+    pop %rsi
+    pop %rdi
+    jmp *%rax
+    .size dlsym, .-dlsym
+)");
+#else
+// Elsewhere a C++ forwarder: correct for every name but RTLD_NEXT lookups of non-driver
+// names, which then resolve relative to the shim.
+extern "C" __attribute__((visibility("default"))) void* dlsym(void* handle, const char* name) {
+  if (is_driver_name(name)) return thaw_dlsym_driver_name(handle, name);
+  return real_dlsym()(handle, name);
+}
+#endif
 
 // Programs linked against libcuda.so.1 call these by name; the shim's exports come first.
 extern "C" __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(

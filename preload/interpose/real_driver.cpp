@@ -1,11 +1,35 @@
 #include "preload/interpose/real_driver.hpp"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 
 #include "preload/shim/shim_state.hpp"
+
+// glibc's dlsym, found once. Plain C and not sanitizer-instrumented: the shim's dlsym entry
+// (entry_points.cpp) may be called by a sanitizer runtime before that runtime is initialised.
+extern "C" {
+__attribute__((visibility("hidden"))) void* thaw_real_dlsym_ptr = nullptr;
+}
+
+extern "C" __attribute__((visibility("hidden"), no_sanitize("address", "undefined"))) void*
+thaw_resolve_real_dlsym() {
+  // x86-64 glibc exports dlsym at GLIBC_2.2.5 and (since 2.34, libdl merged) GLIBC_2.34;
+  // aarch64 at GLIBC_2.17.
+  static const char* const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
+  for (const char* version : versions) {
+    if (void* p = ::dlvsym(RTLD_NEXT, "dlsym", version)) {
+      __atomic_store_n(&thaw_real_dlsym_ptr, p, __ATOMIC_RELEASE);
+      return p;
+    }
+  }
+  static const char message[] = "thaw-preload: cannot find glibc's dlsym with dlvsym\n";
+  ssize_t ignored = ::write(2, message, sizeof(message) - 1);
+  (void)ignored;
+  std::abort();
+}
 
 namespace thaw::preload {
 
@@ -23,16 +47,10 @@ const void* base_of(const void* symbol) {
 }  // namespace
 
 DlsymFn real_dlsym() {
-  static const DlsymFn fn = [] {
-    // x86-64 glibc exports dlsym at GLIBC_2.2.5 and (since 2.34, libdl merged) GLIBC_2.34;
-    // aarch64 at GLIBC_2.17.
-    for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"}) {
-      if (void* p = ::dlvsym(RTLD_NEXT, "dlsym", version)) return reinterpret_cast<DlsymFn>(p);
-    }
-    log_line("cannot find glibc's dlsym with dlvsym; the shim cannot work here");
-    std::abort();
-  }();
-  return fn;
+  if (void* p = __atomic_load_n(&thaw_real_dlsym_ptr, __ATOMIC_ACQUIRE)) {
+    return reinterpret_cast<DlsymFn>(p);
+  }
+  return reinterpret_cast<DlsymFn>(thaw_resolve_real_dlsym());
 }
 
 void note_driver_symbol(void* handle, void* symbol) {

@@ -37,7 +37,8 @@ template <typename Fn>
 Fn get(const char* name, int version = 12080) {
   void* p = nullptr;
   CUdriverProcAddressQueryResult status{};
-  if (g_gpa(name, &p, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS || p == nullptr) {
+  if (g_gpa(name, &p, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
+      p == nullptr) {
     std::fprintf(stderr, "no %s\n", name);
     std::exit(3);
   }
@@ -85,10 +86,10 @@ void lookups() {
     void* p = nullptr;
     CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
     const CUresult r = g_gpa(c.name, &p, c.version, c.flags, &status);
-    std::printf("{\"lookup\":\"%s\",\"version\":%d,\"flags\":%llu,\"result\":%d,\"status\":%d,"
-                "\"got\":[%s]}\n",
-                c.name, c.version, static_cast<unsigned long long>(c.flags), r, status,
-                where(p).c_str());
+    std::printf(
+        "{\"lookup\":\"%s\",\"version\":%d,\"flags\":%llu,\"result\":%d,\"status\":%d,"
+        "\"got\":[%s]}\n",
+        c.name, c.version, static_cast<unsigned long long>(c.flags), r, status, where(p).c_str());
   }
   // The v1 entry point, and plain dlsym of driver and non-driver names.
   auto v1 = reinterpret_cast<GetProcAddressV1>(::dlsym(g_handle, "cuGetProcAddress"));
@@ -103,12 +104,15 @@ void lookups() {
 
 struct Api {
   decltype(&cuInit) init = get<decltype(&cuInit)>("cuInit");
-  decltype(&cuDevicePrimaryCtxRetain) retain = get<decltype(&cuDevicePrimaryCtxRetain)>("cuDevicePrimaryCtxRetain");
+  decltype(&cuDevicePrimaryCtxRetain) retain =
+      get<decltype(&cuDevicePrimaryCtxRetain)>("cuDevicePrimaryCtxRetain");
   decltype(&cuCtxSetCurrent) set_current = get<decltype(&cuCtxSetCurrent)>("cuCtxSetCurrent");
   decltype(&cuMemAlloc_v2) alloc = get<decltype(&cuMemAlloc_v2)>("cuMemAlloc");
   decltype(&cuMemFree_v2) free = get<decltype(&cuMemFree_v2)>("cuMemFree");
-  decltype(&cuMemGetAddressRange_v2) range = get<decltype(&cuMemGetAddressRange_v2)>("cuMemGetAddressRange");
-  decltype(&cuPointerGetAttribute) attribute = get<decltype(&cuPointerGetAttribute)>("cuPointerGetAttribute");
+  decltype(&cuMemGetAddressRange_v2) range =
+      get<decltype(&cuMemGetAddressRange_v2)>("cuMemGetAddressRange");
+  decltype(&cuPointerGetAttribute) attribute =
+      get<decltype(&cuPointerGetAttribute)>("cuPointerGetAttribute");
   decltype(&cuMemcpyHtoD_v2) htod = get<decltype(&cuMemcpyHtoD_v2)>("cuMemcpyHtoD");
   decltype(&cuMemcpyDtoH_v2) dtoh = get<decltype(&cuMemcpyDtoH_v2)>("cuMemcpyDtoH");
 
@@ -154,8 +158,7 @@ void allocs(int n) {
   CUdeviceptr p = 0;
   check(api.alloc(&p, 1 << 20), "cuMemAlloc");
   check(api.free(p), "cuMemFree");
-  std::printf("{\"double_free\":%d,\"interior_free\":%d}\n", api.free(p),
-              api.free(p + 256));
+  std::printf("{\"double_free\":%d,\"interior_free\":%d}\n", api.free(p), api.free(p + 256));
 }
 
 void threads() {
@@ -173,8 +176,9 @@ void threads() {
         const std::size_t size = static_cast<std::size_t>((t + 1) * 65536 + i);
         CUdeviceptr base = 0;
         size_t bytes = 0;
-        if (api.alloc(&p, size) != CUDA_SUCCESS || api.range(&base, &bytes, p + 1) != CUDA_SUCCESS ||
-            base != p || bytes != size || api.free(p) != CUDA_SUCCESS) {
+        if (api.alloc(&p, size) != CUDA_SUCCESS ||
+            api.range(&base, &bytes, p + 1) != CUDA_SUCCESS || base != p || bytes != size ||
+            api.free(p) != CUDA_SUCCESS) {
           ++failures;
         }
       }
@@ -200,7 +204,8 @@ void forked() {
   ::waitpid(child, &status, 0);
   api.start();
   api.alloc_and_report(2 << 20, true);
-  std::printf("{\"child_exit\":%d}\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  std::printf("{\"child_exit\":%d}\n",
+              WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
 }
 
 }  // namespace

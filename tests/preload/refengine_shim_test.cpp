@@ -16,10 +16,27 @@ using namespace refengine_test;
 const fs::path kModel = fs::path(REFENGINE_TEST_MODELS) / "gpt2-mini-f16";
 
 std::vector<std::string> generate_args(const fs::path& logits) {
-  return {"generate", "--model", kModel.string(), "--tokens", "1,2,3,4,5", "--tokens", "9,8,7",
-          "--max-tokens", "5", "--ignore-eos", "--json", "--max-num-seqs", "4",
-          "--max-model-len", "32", "--max-num-batched-tokens", "12",
-          "--num-gpu-blocks-override", "32", "--logits-out", logits.string()};
+  return {"generate",
+          "--model",
+          kModel.string(),
+          "--tokens",
+          "1,2,3,4,5",
+          "--tokens",
+          "9,8,7",
+          "--max-tokens",
+          "5",
+          "--ignore-eos",
+          "--json",
+          "--max-num-seqs",
+          "4",
+          "--max-model-len",
+          "32",
+          "--max-num-batched-tokens",
+          "12",
+          "--num-gpu-blocks-override",
+          "32",
+          "--logits-out",
+          logits.string()};
 }
 
 struct Result {
@@ -31,7 +48,8 @@ struct Result {
 };
 
 Result generate(const std::string& binary, bool shim, const std::string& tag) {
-  const fs::path dir = fs::temp_directory_path() / ("preload_refengine_" + std::to_string(::getpid()) + "_" + tag);
+  const fs::path dir =
+      fs::temp_directory_path() / ("preload_refengine_" + std::to_string(::getpid()) + "_" + tag);
   fs::create_directories(dir);
   std::string env;
   if (shim) env = "LD_PRELOAD=" THAW_PRELOAD_LIB " THAW_PRELOAD_LOG=" + (dir / "shim.log").string();
@@ -52,7 +70,8 @@ Result generate(const std::string& binary, bool shim, const std::string& tag) {
 std::vector<std::pair<std::string, std::string>> allocations(const std::string& log) {
   std::vector<std::pair<std::string, std::string>> out;
   static const std::regex line(R"(cuMemAlloc\((\d+)\) = (0x[0-9a-f]+) \(deterministic)");
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+       ++it) {
     out.emplace_back((*it)[1], (*it)[2]);
   }
   return out;
@@ -89,7 +108,8 @@ TEST_P(RefengineUnderShim, SameDeviceAddressesOnEveryRun) {
   EXPECT_EQ(a.front().second, "0x200000000000");
 }
 
-INSTANTIATE_TEST_SUITE_P(BothDriverPaths, RefengineUnderShim, ::testing::Values("dlopen", "linked"));
+INSTANTIATE_TEST_SUITE_P(BothDriverPaths, RefengineUnderShim,
+                         ::testing::Values("dlopen", "linked"));
 
 TEST(RefengineUnderShimConcurrency, EightEnginesAtOnce) {
   const Result reference = generate(REFENGINE_BIN, false, "ref");
@@ -97,7 +117,8 @@ TEST(RefengineUnderShimConcurrency, EightEnginesAtOnce) {
   std::vector<std::future<Result>> runs;
   for (int i = 0; i < 8; ++i) {
     runs.push_back(std::async(std::launch::async, [i] {
-      return generate(i % 2 ? REFENGINE_LINKED_BIN : REFENGINE_BIN, true, "many" + std::to_string(i));
+      return generate(i % 2 ? REFENGINE_LINKED_BIN : REFENGINE_BIN, true,
+                      "many" + std::to_string(i));
     }));
   }
   for (auto& f : runs) {
