@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/store/cache/chunk_readiness.hpp"
+#include "common/readiness/chunk_readiness.hpp"
 
 namespace {
 

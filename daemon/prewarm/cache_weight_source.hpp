@@ -13,8 +13,8 @@
 #include <mutex>
 #include <string>
 
+#include "common/readiness/mapped_region.hpp"
 #include "daemon/store/cache/host_cache.hpp"
-#include "daemon/store/cache/mapped_region.hpp"
 #include "vmm/weight_source.hpp"
 
 namespace thaw::daemon {

@@ -34,9 +34,9 @@
 #include <filesystem>
 #include <span>
 
-#include "daemon/store/cache/cache_error.hpp"
-#include "daemon/store/cache/chunk_readiness.hpp"
-#include "daemon/store/cache/mapped_region.hpp"
+#include "common/readiness/cache_error.hpp"
+#include "common/readiness/chunk_readiness.hpp"
+#include "common/readiness/mapped_region.hpp"
 #include "daemon/store/cache/unique_fd.hpp"
 
 namespace thaw::store {

@@ -16,7 +16,7 @@
 #include <filesystem>
 #include <string_view>
 
-#include "daemon/store/cache/cache_error.hpp"
+#include "common/readiness/cache_error.hpp"
 
 namespace thaw::store::cache_layout {
 

@@ -37,9 +37,9 @@
 #include <string_view>
 #include <vector>
 
-#include "daemon/store/cache/cache_error.hpp"
+#include "common/readiness/cache_error.hpp"
+#include "common/readiness/chunk_readiness.hpp"
 #include "daemon/store/cache/cache_file.hpp"
-#include "daemon/store/cache/chunk_readiness.hpp"
 
 namespace thaw::store {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "daemon/store/cache/chunk_readiness.hpp"
+#include "common/readiness/chunk_readiness.hpp"
 #include "daemon/store/registry/fetch_types.hpp"
 
 namespace thaw::store {

@@ -36,8 +36,8 @@
 #include <string>
 #include <vector>
 
+#include "common/readiness/mapped_region.hpp"
 #include "daemon/store/cache/cache_file.hpp"
-#include "daemon/store/cache/mapped_region.hpp"
 #include "daemon/store/fetch/chunk_set.hpp"
 #include "daemon/store/fetch/model_fetch_error.hpp"
 #include "daemon/store/fetch/sha256.hpp"

@@ -15,7 +15,7 @@
 #include <fstream>
 
 #include "common/proto/seqpacket.hpp"
-#include "daemon/store/cache/chunk_readiness.hpp"
+#include "common/readiness/chunk_readiness.hpp"
 #include "thawd_fixture.hpp"
 
 namespace {

@@ -10,8 +10,8 @@
 #include <memory>
 #include <thread>
 
+#include "common/readiness/readiness_layout.hpp"
 #include "daemon/store/cache/cache_layout.hpp"
-#include "daemon/store/cache/readiness_layout.hpp"
 #include "tests/daemon/store/cache/cache_test_support.hpp"
 
 namespace thaw::store {

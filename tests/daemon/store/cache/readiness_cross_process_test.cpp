@@ -7,8 +7,8 @@
 
 #include <string>
 
+#include "common/readiness/chunk_readiness.hpp"
 #include "daemon/store/cache/cache_file.hpp"
-#include "daemon/store/cache/chunk_readiness.hpp"
 #include "tests/daemon/store/cache/cache_test_support.hpp"
 
 namespace thaw::store {

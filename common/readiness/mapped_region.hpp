@@ -5,7 +5,7 @@
 #include <string_view>
 #include <utility>
 
-#include "daemon/store/cache/cache_error.hpp"
+#include "common/readiness/cache_error.hpp"
 
 namespace thaw::store {
 

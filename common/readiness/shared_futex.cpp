@@ -1,4 +1,4 @@
-#include "daemon/store/cache/shared_futex.hpp"
+#include "common/readiness/shared_futex.hpp"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>

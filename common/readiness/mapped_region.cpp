@@ -1,4 +1,4 @@
-#include "daemon/store/cache/mapped_region.hpp"
+#include "common/readiness/mapped_region.hpp"
 
 #include <fmt/format.h>
 #include <sys/mman.h>

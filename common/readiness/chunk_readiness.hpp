@@ -48,9 +48,9 @@
 #include <string_view>
 #include <vector>
 
-#include "daemon/store/cache/cache_error.hpp"
-#include "daemon/store/cache/mapped_region.hpp"
-#include "daemon/store/cache/unique_fd.hpp"
+#include "common/fd/unique_fd.hpp"
+#include "common/readiness/cache_error.hpp"
+#include "common/readiness/mapped_region.hpp"
 
 namespace thaw::store {
 

@@ -1,5 +1,5 @@
 // ChunkReadiness within one process: progress word, bitmap, states, waits.
-#include "daemon/store/cache/chunk_readiness.hpp"
+#include "common/readiness/chunk_readiness.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "daemon/store/cache/chunk_readiness.hpp"
+#include "common/readiness/chunk_readiness.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -14,8 +14,8 @@
 #include <cstring>
 #include <ctime>
 
-#include "daemon/store/cache/readiness_layout.hpp"
-#include "daemon/store/cache/shared_futex.hpp"
+#include "common/readiness/readiness_layout.hpp"
+#include "common/readiness/shared_futex.hpp"
 
 namespace thaw::store {
 namespace {

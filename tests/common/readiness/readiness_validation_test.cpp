@@ -8,8 +8,8 @@
 #include <cstring>
 #include <string>
 
-#include "daemon/store/cache/chunk_readiness.hpp"
-#include "daemon/store/cache/readiness_layout.hpp"
+#include "common/readiness/chunk_readiness.hpp"
+#include "common/readiness/readiness_layout.hpp"
 
 namespace thaw::store {
 namespace {

@@ -1,4 +1,4 @@
-#include "daemon/store/cache/cache_error.hpp"
+#include "common/readiness/cache_error.hpp"
 
 #include <fmt/format.h>
 
