@@ -38,6 +38,10 @@ struct ShimCounters {
   std::atomic<std::uint64_t> hooks_handed_out{0};
   std::atomic<std::uint64_t> deterministic_allocations{0};
   std::atomic<std::uint64_t> passthrough_allocations{0};
+  std::atomic<std::uint64_t> files_streamed{0};     // opened while still arriving
+  std::atomic<std::uint64_t> reads_waited{0};       // reads and faults that had to wait
+  std::atomic<std::uint64_t> mappings_streamed{0};  // private mappings served by userfaultfd
+  std::atomic<std::uint64_t> bytes_streamed{0};     // installed into them
 };
 ShimCounters& counters();
 

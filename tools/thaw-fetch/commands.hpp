@@ -21,7 +21,8 @@ struct FetchArgs {
   std::string key;
   std::string revision = "main";
   unsigned connections = 8;
-  std::uint64_t budget = 0;  // 0: no budget beyond the disk
+  std::uint64_t budget = 0;    // 0: no budget beyond the disk
+  std::uint64_t max_rate = 0;  // bytes/s; 0: no limit
   std::uint64_t chunk_size = 4ull << 20;
   std::vector<std::string> headers;
   bool no_file_sha256 = false;

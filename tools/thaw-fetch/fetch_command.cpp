@@ -82,6 +82,8 @@ int run_fetch(const FetchArgs& args) {
   options.verify_threads = args.verify_threads;
   options.fetcher.connections_per_file = args.connections;
   options.fetcher.max_connections = args.connections;
+  options.fetcher.rate_limits[static_cast<std::size_t>(store::FetchClass::critical)] =
+      store::RateLimit{args.max_rate, 0};
   options.fetcher.http_headers = args.headers;
 
   store::RegistryOptions registry_options;

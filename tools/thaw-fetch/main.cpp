@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   FetchArgs fetch;
-  std::string fetch_budget, fetch_chunk = "4MiB";
+  std::string fetch_budget, fetch_chunk = "4MiB", fetch_rate;
   CLI::App* fetch_cmd = app.add_subcommand("fetch", kFetchDescription);
   fetch_cmd->footer(kFetchFooter);
   fetch_cmd
@@ -90,6 +90,10 @@ int main(int argc, char** argv) {
       ->add_option("--budget", fetch_budget,
                    "cache size budget; least recently used models are evicted to stay\n"
                    "under it (default: no budget, only the disk's free space)")
+      ->type_name("SIZE");
+  fetch_cmd
+      ->add_option("--max-rate", fetch_rate,
+                   "download rate limit in bytes per second, e.g. 100MB (default: none)")
       ->type_name("SIZE");
   fetch_cmd
       ->add_option("--chunk-size", fetch_chunk,
@@ -154,6 +158,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (fetch_cmd->parsed()) {
       if (!fetch_budget.empty()) fetch.budget = size_of("--budget", fetch_budget);
+      if (!fetch_rate.empty()) fetch.max_rate = size_of("--max-rate", fetch_rate);
       fetch.chunk_size = size_of("--chunk-size", fetch_chunk);
       if (fetch.consolidate && fetch.stage.empty()) {
         throw CLI::ValidationError("--consolidate needs --stage");
