@@ -25,10 +25,11 @@ Fn libc(const char* name) {
   return reinterpret_cast<Fn>(real_dlsym()(RTLD_NEXT, name));
 }
 
-#define THAW_LIBC(name) \
-  static const auto real_##name = libc<decltype(&::name)>(#name)
+#define THAW_LIBC(name) static const auto real_##name = libc<decltype(&::name)>(#name)
 
-bool read_only(int flags) { return (flags & O_ACCMODE) == O_RDONLY && (flags & O_DIRECTORY) == 0; }
+bool read_only(int flags) {
+  return (flags & O_ACCMODE) == O_RDONLY && (flags & O_DIRECTORY) == 0;
+}
 
 int after_open(int fd, int dirfd, const char* path, int flags) {
   if (fd < 0 || !read_only(flags) || ReentryGuard::inside() || config().disabled) return fd;
@@ -156,12 +157,14 @@ ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
 
 void* mmap(void* addr, size_t length, int prot, int flags, int fd, off_t offset) {
   THAW_LIBC(mmap);
-  if (fd < 0 || (flags & MAP_ANONYMOUS) != 0) return real_mmap(addr, length, prot, flags, fd, offset);
+  if (fd < 0 || (flags & MAP_ANONYMOUS) != 0)
+    return real_mmap(addr, length, prot, flags, fd, offset);
   auto file = waiting_file(fd);
   if (file == nullptr) return real_mmap(addr, length, prot, flags, fd, offset);
   ReentryGuard guard;
   if ((flags & MAP_PRIVATE) != 0) {
-    if (void* streamed = map_streaming(file, fd, addr, length, prot, flags, offset)) return streamed;
+    if (void* streamed = map_streaming(file, fd, addr, length, prot, flags, offset))
+      return streamed;
   }
   // Without userfaultfd (or for a shared mapping): the whole range first. Slower, never wrong.
   debug("mmap of {} [{}, +{}) waits for the whole range", file->path, offset, length);

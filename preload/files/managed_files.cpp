@@ -52,8 +52,9 @@ std::shared_ptr<ManagedFile> classify(int dirfd, const char* path) {
   if (full.is_relative()) {
     // Relative to the working directory or to dirfd.
     std::error_code ec;
-    fs::path base = dirfd == AT_FDCWD ? fs::current_path(ec)
-                                      : fs::read_symlink("/proc/self/fd/" + std::to_string(dirfd), ec);
+    fs::path base = dirfd == AT_FDCWD
+                        ? fs::current_path(ec)
+                        : fs::read_symlink("/proc/self/fd/" + std::to_string(dirfd), ec);
     if (ec) return nullptr;
     full = base / full;
   }

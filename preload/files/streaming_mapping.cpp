@@ -67,15 +67,18 @@ class Userfaults {
   void forget(std::uintptr_t base, std::size_t length) {
     std::lock_guard lock(mutex_);
     for (auto it = maps_.begin(); it != maps_.end();) {
-      const bool overlaps = it->second.base < base + length && base < it->second.base + it->second.length;
+      const bool overlaps =
+          it->second.base < base + length && base < it->second.base + it->second.length;
       it = overlaps ? maps_.erase(it) : std::next(it);
     }
   }
 
  private:
   bool open() {
-    int fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY));
-    if (fd < 0 && errno == EINVAL) fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+    int fd =
+        static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY));
+    if (fd < 0 && errno == EINVAL)
+      fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
     if (fd < 0) {
       notice_once("uffd", fmt::format("userfaultfd unavailable ({}): mappings of model files "
                                       "still arriving wait for the whole range",
@@ -133,8 +136,8 @@ class Userfaults {
       return;
     }
     std::memset(buffer.data() + in_file, 0, span - in_file);
-    if (in_file > 0 &&
-        ::pread(data, buffer.data(), in_file, static_cast<off_t>(file_offset)) != static_cast<ssize_t>(in_file)) {
+    if (in_file > 0 && ::pread(data, buffer.data(), in_file, static_cast<off_t>(file_offset)) !=
+                           static_cast<ssize_t>(in_file)) {
       ::syscall(SYS_tgkill, ::getpid(), thread, SIGBUS);
       return;
     }

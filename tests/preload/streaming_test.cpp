@@ -23,17 +23,35 @@ using thaw::store::testing::RegistryFixture;
 class StreamingLoad : public ::testing::Test {
  protected:
   std::vector<std::string> args(const fs::path& model, const fs::path& logits) const {
-    return {"generate", "--model", model.string(), "--tokens", "1,2,3,4,5", "--tokens", "9,8,7",
-            "--max-tokens", "4", "--ignore-eos", "--json", "--max-num-seqs", "4",
-            "--max-model-len", "32", "--max-num-batched-tokens", "12",
-            "--num-gpu-blocks-override", "32", "--enforce-eager", "--logits-out", logits.string()};
+    return {"generate",
+            "--model",
+            model.string(),
+            "--tokens",
+            "1,2,3,4,5",
+            "--tokens",
+            "9,8,7",
+            "--max-tokens",
+            "4",
+            "--ignore-eos",
+            "--json",
+            "--max-num-seqs",
+            "4",
+            "--max-model-len",
+            "32",
+            "--max-num-batched-tokens",
+            "12",
+            "--num-gpu-blocks-override",
+            "32",
+            "--enforce-eager",
+            "--logits-out",
+            logits.string()};
   }
   pid_t start_fetch(const std::string& rate) {
     const pid_t pid = ::fork();
     if (pid == 0) {
-      ::execl(THAW_FETCH_BIN, THAW_FETCH_BIN, "fetch", "--registry", registry_.server().base_url().c_str(),
-              "--model", "gpt-syn", "--cache", cache_.c_str(), "--connections", "2", "--max-rate",
-              rate.c_str(), "--quiet", nullptr);
+      ::execl(THAW_FETCH_BIN, THAW_FETCH_BIN, "fetch", "--registry",
+              registry_.server().base_url().c_str(), "--model", "gpt-syn", "--cache",
+              cache_.c_str(), "--connections", "2", "--max-rate", rate.c_str(), "--quiet", nullptr);
       ::_exit(127);
     }
     // The engine is started once the model's files exist in the cache (small files and
@@ -84,9 +102,11 @@ TEST_F(StreamingLoad, EngineLoadsWhileTheFetchRunsAndGetsTheSameTokens) {
       << "logits differ when the model is streamed";
   const std::string log = read_file(work_ / "shim.log");
   EXPECT_NE(log.find(".safetensors: streamed"), std::string::npos)
-      << "no weight file was opened while it was still arriving:\n" << log;
+      << "no weight file was opened while it was still arriving:\n"
+      << log;
   EXPECT_NE(log.find("served by userfaultfd"), std::string::npos)
-      << "no tensor mapping was streamed:\n" << log;
+      << "no tensor mapping was streamed:\n"
+      << log;
   (void)fetch_still_running;  // informative only: the engine may finish last by a hair
 }
 
@@ -97,9 +117,9 @@ TEST_F(StreamingLoad, AFetchThatDiesMidLoadFailsTheEngineNeverFeedsItZeros) {
     std::this_thread::sleep_for(1500ms);
     ::kill(fetch, SIGKILL);
   });
-  const EngineRun streamed = run_engine(
-      args(cache_ / "gpt-syn", work_ / "streamed.json"),
-      "LD_PRELOAD=" THAW_PRELOAD_LIB " THAW_PRELOAD_READ_TIMEOUT=3");
+  const EngineRun streamed =
+      run_engine(args(cache_ / "gpt-syn", work_ / "streamed.json"),
+                 "LD_PRELOAD=" THAW_PRELOAD_LIB " THAW_PRELOAD_READ_TIMEOUT=3");
   killer.join();
   wait_exit(fetch);
   EXPECT_NE(streamed.exit_code, 0) << "the engine finished on a model whose fetch died:\n"
