@@ -13,6 +13,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "preload/daemon/daemon_client.hpp"
 #include "preload/shim/shim_state.hpp"
 
 namespace thaw::preload {
@@ -70,8 +71,17 @@ std::shared_ptr<ManagedFile> classify(int dirfd, const char* path) {
     fs::path relative;
     for (std::size_t j = i + 1; j < parts.size(); ++j) relative /= parts[j];
     if (relative.begin()->string() == ".thaw") return nullptr;
-    const fs::path map = root / key / ".thaw" / "ready" / relative;
-    UniqueFd fd(::open(map.c_str(), O_RDONLY | O_CLOEXEC));
+    // The readiness map from thawd when it runs (it may be the only one allowed to open the
+    // cache's files), else straight from the cache.
+    UniqueFd fd;
+    const char* source = "thawd";
+    if (auto from_daemon = daemon_readiness_fd(key.string(), relative.string())) {
+      fd = std::move(*from_daemon);
+    } else {
+      source = "the cache";
+      const fs::path map = root / key / ".thaw" / "ready" / relative;
+      fd.reset(::open(map.c_str(), O_RDONLY | O_CLOEXEC));
+    }
     if (!fd) return nullptr;
     auto readiness = store::ChunkReadiness::open_reader(std::move(fd), relative.string());
     if (!readiness) {
@@ -82,8 +92,8 @@ std::shared_ptr<ManagedFile> classify(int dirfd, const char* path) {
     if (readiness->state() == store::FillState::complete) return nullptr;
     auto file = std::make_shared<ManagedFile>(
         ManagedFile{full.string(), readiness->file_size(), std::move(*readiness)});
-    debug("{}: streamed ({} bytes, {} of {} chunks in)", file->path, file->size,
-          file->readiness.verified_chunks(), file->readiness.chunk_count());
+    debug("{}: streamed ({} bytes, {} of {} chunks in; readiness from {})", file->path, file->size,
+          file->readiness.verified_chunks(), file->readiness.chunk_count(), source);
     return file;
   }
   return nullptr;
