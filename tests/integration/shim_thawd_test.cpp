@@ -19,10 +19,26 @@ using thaw::testing::BusPolicy;
 using thaw::testing::ThawdFixture;
 
 std::vector<std::string> engine_args(const fs::path& model) {
-  return {"generate", "--model", model.string(), "--tokens", "1,2,3,4,5", "--tokens", "9,8,7",
-          "--max-tokens", "4", "--ignore-eos", "--json", "--max-num-seqs", "4",
-          "--max-model-len", "32", "--max-num-batched-tokens", "12",
-          "--num-gpu-blocks-override", "32", "--enforce-eager"};
+  return {"generate",
+          "--model",
+          model.string(),
+          "--tokens",
+          "1,2,3,4,5",
+          "--tokens",
+          "9,8,7",
+          "--max-tokens",
+          "4",
+          "--ignore-eos",
+          "--json",
+          "--max-num-seqs",
+          "4",
+          "--max-model-len",
+          "32",
+          "--max-num-batched-tokens",
+          "12",
+          "--num-gpu-blocks-override",
+          "32",
+          "--enforce-eager"};
 }
 
 std::vector<nlohmann::json> tokens_of(const refengine_test::EngineRun& r) {
@@ -58,7 +74,8 @@ TEST_F(ShimWithThawd, EngineStreamsAModelThawdIsFetching) {
   fetch_in_background();
   const auto streamed =
       refengine_test::run_engine(engine_args(dir_.path() / "cache" / "gpt-syn"), shim_env());
-  ASSERT_EQ(streamed.exit_code, 0) << streamed.err << thaw::testing::slurp(dir_.path() / "shim.log");
+  ASSERT_EQ(streamed.exit_code, 0)
+      << streamed.err << thaw::testing::slurp(dir_.path() / "shim.log");
   EXPECT_EQ(tokens_of(streamed), tokens_of(reference));
   const std::string shim_log = thaw::testing::slurp(dir_.path() / "shim.log");
   EXPECT_NE(shim_log.find("connected to thawd"), std::string::npos) << shim_log;

@@ -1,5 +1,4 @@
-// A temporary directory, removed with its contents at scope exit (suites on the shared test
-// main include this; older suites still carry their own copies, to be folded into this one).
+// A temporary directory, removed with its contents at scope exit; every suite uses this one.
 #pragma once
 
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// A temporary directory removed with its contents at scope exit, and small file helpers.
+// The shared temporary directory, and small file helpers.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,27 +12,11 @@
 #include <string_view>
 #include <vector>
 
+#include "tests/support/temp_dir.hpp"
+
 namespace thaw::safetensors::testing {
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/thaw-safetensors-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed";
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using thaw::testing::TempDir;  // the suites' shared one (tests/support)
 
 inline void write_file(const std::filesystem::path& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

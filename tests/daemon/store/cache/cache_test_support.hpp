@@ -24,26 +24,11 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/temp_dir.hpp"
+
 namespace thaw::store::testing {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "thaw-cache-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) std::abort();
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using thaw::testing::TempDir;  // the suites' shared one (tests/support)
 
 // A forked child running `body`, which talks to the parent through line-based
 // messages (and may receive descriptors over a socketpair). The child never returns

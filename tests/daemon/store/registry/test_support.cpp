@@ -12,18 +12,6 @@ namespace thaw::store::testing {
 
 namespace fs = std::filesystem;
 
-TempDir::TempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string pattern = fmt::format("{}/thaw-registry-XXXXXX", base != nullptr ? base : "/tmp");
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  path_ = pattern;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  fs::remove_all(path_, ec);
-}
-
 std::vector<std::byte> make_bytes(std::size_t size, std::uint64_t seed) {
   std::vector<std::byte> out(size);
   std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;

@@ -14,21 +14,11 @@
 #include <vector>
 
 #include "daemon/store/registry/fetch_types.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace thaw::store::testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using thaw::testing::TempDir;  // the suites' shared one (tests/support)
 
 // `size` pseudo-random bytes that differ per `seed` (so a misplaced range shows).
 std::vector<std::byte> make_bytes(std::size_t size, std::uint64_t seed);
