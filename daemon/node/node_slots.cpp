@@ -252,6 +252,9 @@ SlotStatus NodeService::slot_status_locked(const SlotRecord& r) const {
     s.total_bytes = info->weight_bytes;
   }
   if (!r.prewarming && !r.error.empty() && s.state == "empty") s.state = "failed";
+  // The GPU may call the slot prewarmed a moment before its prewarm thread has finished (and
+  // before attach/activate accept it): until then it is still loading.
+  if (r.prewarming && s.state == "prewarmed") s.state = "loading";
   return s;
 }
 
