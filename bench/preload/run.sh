@@ -2,7 +2,8 @@
 # Issue 8 benchmark 2: interposition overhead, the same program without and with
 # LD_PRELOAD=libthaw-preload.so on the emulator, each 5 times alternating; medians and ratios.
 #   target: an unhooked driver call through the shim costs <= 1.05x the direct call
-#   recorded: a hooked query (cuPointerGetAttribute) and the hooked allocation path
+#   recorded: a hooked query (cuPointerGetAttribute), a hooked H2D copy (64 B, as a token
+#             upload; the layout record looks at its source) and the hooked allocation path
 #             (cuMemAlloc 2 MiB + cuMemFree: VMM create/map/set-access vs the driver's own)
 # Usage: bench/preload/run.sh [CALLS] [ALLOCS]
 set -euo pipefail
@@ -30,6 +31,7 @@ def med(path, key):
 plain, shim = sys.argv[1], sys.argv[2]
 for key, what in [("unhooked_ns", "unhooked call (cuCtxGetCurrent)"),
                   ("hooked_query_ns", "hooked query (cuPointerGetAttribute)"),
+                  ("h2d_copy_ns", "hooked copy (cuMemcpyHtoD 64 B)"),
                   ("alloc_free_ns", "cuMemAlloc 2 MiB + cuMemFree")]:
     a, b = med(plain, key), med(shim, key)
     print(f"{what:40s} direct {a:12.2f} ns   shim {b:12.2f} ns   ratio {b / a:6.3f}")

@@ -53,13 +53,25 @@ std::string_view to_string(MessageType type) {
       return "report_artifact";
     case MessageType::error:
       return "error";
+    case MessageType::get_artifact:
+      return "get_artifact";
+    case MessageType::artifact:
+      return "artifact";
+    case MessageType::report_counters:
+      return "report_counters";
+    case MessageType::export_ipc:
+      return "export_ipc";
+    case MessageType::import_ipc:
+      return "import_ipc";
+    case MessageType::ipc:
+      return "ipc";
   }
   return "unknown";
 }
 
 bool is_known(std::uint16_t type) {
   return type >= static_cast<std::uint16_t>(MessageType::hello) &&
-         type <= static_cast<std::uint16_t>(MessageType::error);
+         type <= static_cast<std::uint16_t>(MessageType::ipc);
 }
 
 std::expected<std::vector<std::byte>, std::string> encode(const Message& message) {

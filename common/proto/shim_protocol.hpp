@@ -19,6 +19,7 @@
 //   open_file {model, path}                         → file {size, chunk_size, chunk_count,
 //                                                      complete} + fds [data, readiness]
 //   attach_slot {model}                             → slot {slot, gpu, weight_bytes, token,
+//                                                      budget_bytes,
 //                                                      layout: [{slot_offset, file,
 //                                                      file_offset, bytes, layer}],
 //                                                      page_messages}
@@ -27,7 +28,18 @@
 //                                                      fd per page (at most kMaxFdsPerMessage)
 //   imported {slot, token}                          → ok   (the pages are mapped: unpin)
 //   release {slot}                                  → ok   (the engine is done with it)
-//   report_artifact {model, kind, ...}              → ok   (kept for graph restore)
+//   report_artifact {kind, identity, bytes} + fd    → ok {key}  (the fd: the artifact, a JSON
+//                                                      document of `bytes` bytes, e.g. a
+//                                                      memfd; kept in thawd's state dir)
+//   get_artifact {kind, identity}                   → artifact {key, bytes} + fd (read-only)
+//                                                     or error UnknownArtifact
+//   report_counters {counters: {name: n, ...}}      → ok   (the shim's totals, at its exit)
+//   export_ipc {bytes} + fd                         → ok {token}  (a POSIX-fd VMM handle
+//                                                      shared for CUDA IPC; kept until the
+//                                                      exporting connection closes)
+//   import_ipc {token}                              → ipc {bytes} + fd
+//                                                     or error UnknownIpcHandle
+// `identity` of an artifact: {engine, model, gpu, driver} (strings, driver the version).
 // Any request may instead get error {name, message} (name: org.thaw.Error.* as on D-Bus).
 // When the connection closes, everything the client held is given back.
 #pragma once
@@ -63,6 +75,12 @@ enum class MessageType : std::uint16_t {
   release = 10,
   report_artifact = 11,
   error = 12,
+  get_artifact = 13,
+  artifact = 14,
+  report_counters = 15,
+  export_ipc = 16,
+  import_ipc = 17,
+  ipc = 18,
 };
 std::string_view to_string(MessageType type);
 bool is_known(std::uint16_t type);

@@ -174,14 +174,15 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
   ThawdConfig c;
   const Section node(root, "node", origin), store(root, "store", origin), gpu(root, "gpu", origin),
       shim(root, "shim", origin), dbus(root, "dbus", origin), metrics(root, "metrics", origin);
-  for (auto ok : {node.only({"id"}),
+  for (auto ok : {node.only({"id", "state_dir"}),
                   store.only({"cache_dir", "cache_budget", "registry", "connections", "max_rate"}),
                   gpu.only({"pool_share", "max_slots"}), shim.only({"socket", "allow_groups"}),
                   dbus.only({"bus"}), metrics.only({"listen"})}) {
     if (!ok) return Fail(ok.error());
   }
   for (auto ok :
-       {read_string(node, "id", c.node_id), read_path(store, "cache_dir", c.cache_dir),
+       {read_string(node, "id", c.node_id), read_path(node, "state_dir", c.state_dir),
+        read_path(store, "cache_dir", c.cache_dir),
         read_size(store, "cache_budget", c.cache_budget_bytes),
         read_string(store, "registry", c.registry),
         read_count(store, "connections", c.connections, 1, 256),
@@ -240,6 +241,7 @@ std::expected<ThawdConfig, ConfigError> load_config(const std::filesystem::path&
 std::vector<std::string> restart_needed(const ThawdConfig& a, const ThawdConfig& b) {
   std::vector<std::string> out;
   if (a.node_id != b.node_id) out.push_back("node.id");
+  if (a.state_dir != b.state_dir) out.push_back("node.state_dir");
   if (a.cache_dir != b.cache_dir) out.push_back("store.cache_dir");
   if (a.cache_budget_bytes != b.cache_budget_bytes) out.push_back("store.cache_budget");
   if (a.pool_share != b.pool_share) out.push_back("gpu.pool_share");

@@ -21,6 +21,7 @@ inline constexpr const char* kDefaultConfigPath = "/etc/thaw/thawd.toml";
 struct ThawdConfig {
   // [node]
   std::string node_id;  // "" = the machine id (/etc/machine-id), else the hostname
+  std::filesystem::path state_dir = "/var/lib/thaw";  // engines' recorded artifacts
   // [store]
   std::filesystem::path cache_dir = "/var/cache/thaw";
   std::uint64_t cache_budget_bytes = 64ull << 30;

@@ -90,7 +90,9 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
 
   const ManagerInfo info = d->manager_info();
   notifier.status("listening on the shim socket " + c.socket_path.string());
-  auto shim = ShimServer::start(c.socket_path, *d->service_, *d->access_, info.node_id, d->event_);
+  d->artifacts_ = std::make_unique<ArtifactStore>(c.state_dir);
+  auto shim = ShimServer::start(c.socket_path, *d->service_, *d->artifacts_, *d->access_,
+                                info.node_id, d->event_);
   if (!shim) return std::unexpected(shim.error());
   d->shim_ = std::move(*shim);
 

@@ -63,6 +63,7 @@ class Thawd {
   std::vector<std::unique_ptr<vmm::GpuMemory>> gpus_;
   std::unique_ptr<AccessPolicy> access_;
   std::unique_ptr<NodeService> service_;  // uses cache_ and gpus_
+  std::unique_ptr<ArtifactStore> artifacts_;
   std::string state_ = "starting";
   std::string last_status_;
   sd_event* event_ = nullptr;

@@ -86,6 +86,35 @@ std::string render_openmetrics(const NodeService& service, const ShimCounters& s
   w.sample("thaw_shim_requests_total", shim.requests.load());
   w.family("thaw_shim_request_errors", "counter", "Shim requests answered with an error.");
   w.sample("thaw_shim_request_errors_total", shim.request_errors.load());
+  w.family("thaw_artifacts_stored", "counter", "Artifacts engines recorded (layout, ...).");
+  w.sample("thaw_artifacts_stored_total", shim.artifacts_reported.load());
+  w.family("thaw_artifacts_served", "counter", "Recorded artifacts read back by engines.");
+  w.sample("thaw_artifacts_served_total", shim.artifacts_served.load());
+  w.family("thaw_ipc_exports", "counter", "CUDA IPC exports of layout memory carried.");
+  w.sample("thaw_ipc_exports_total", shim.ipc_exports.load());
+  w.family("thaw_ipc_imports", "counter", "CUDA IPC handles opened through thawd.");
+  w.sample("thaw_ipc_imports_total", shim.ipc_imports.load());
+
+  // What engines' shims reported when they exited, summed over engines.
+  w.family("thaw_engine_reports", "counter", "Engines whose shim reported its counters.");
+  w.sample("thaw_engine_reports_total", shim.engine_reports.load());
+  w.family("thaw_engine_calls_intercepted", "counter", "Driver calls engines' shims handled.");
+  w.sample("thaw_engine_calls_intercepted_total", shim.engine_calls_intercepted.load());
+  w.family("thaw_engine_deterministic_allocations", "counter",
+           "Engine allocations served from the deterministic layout.");
+  w.sample("thaw_engine_deterministic_allocations_total",
+           shim.engine_deterministic_allocations.load());
+  w.family("thaw_engine_layout_divergences", "counter",
+           "Engine runs that left deterministic mode on diverging from their record.");
+  w.sample("thaw_engine_layout_divergences_total", shim.engine_layout_divergences.load());
+  w.family("thaw_engine_files_streamed", "counter", "Managed model files engines opened.");
+  w.sample("thaw_engine_files_streamed_total", shim.engine_files_streamed.load());
+  w.family("thaw_engine_reads_waited", "counter",
+           "Engine reads and page faults that waited for bytes still arriving.");
+  w.sample("thaw_engine_reads_waited_total", shim.engine_reads_waited.load());
+  w.family("thaw_engine_streamed_bytes", "counter",
+           "Bytes installed into engines' streamed mappings.");
+  w.sample("thaw_engine_streamed_bytes_total", shim.engine_bytes_streamed.load());
   return w.finish();
 }
 

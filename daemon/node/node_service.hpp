@@ -99,7 +99,11 @@ struct AttachedSlot {
   std::string slot;
   std::uint32_t gpu = 0;
   std::uint64_t weight_bytes = 0;
-  std::uint64_t token = 0;   // for confirm_import
+  std::uint64_t token = 0;  // for confirm_import
+  // Device memory the engine may count as its own while attached (what its cuMemGetInfo
+  // answers): this slot's pages plus the pool's free pages — not other slots' pages, which
+  // thawd keeps prewarmed for other models.
+  std::uint64_t budget_bytes = 0;
   vmm::ExportedRange pages;  // the caller owns the fds
   std::vector<vmm::LayoutPiece> layout;
 };

@@ -329,6 +329,10 @@ ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
   out.gpu = found->gpu;
   out.weight_bytes = found->weight_bytes;
   out.token = range->token;
+  const vmm::PoolInfo pool = gpus_[found->gpu]->pool();
+  std::uint64_t slot_bytes = 0;
+  for (const auto& page : range->pages) slot_bytes += page.bytes;
+  out.budget_bytes = static_cast<std::uint64_t>(pool.free) * pool.page_bytes + slot_bytes;
   out.pages = std::move(*range);
   out.layout = found->layout;
   changed();

@@ -22,6 +22,9 @@ inline constexpr const char* kNotPrewarmed = "org.thaw.Error.NotPrewarmed";
 inline constexpr const char* kGpu = "org.thaw.Error.Gpu";
 inline constexpr const char* kNotReady = "org.thaw.Error.NotReady";
 inline constexpr const char* kShuttingDown = "org.thaw.Error.ShuttingDown";
+inline constexpr const char* kUnknownArtifact = "org.thaw.Error.UnknownArtifact";
+inline constexpr const char* kState = "org.thaw.Error.State";  // the state directory failed
+inline constexpr const char* kUnknownIpcHandle = "org.thaw.Error.UnknownIpcHandle";
 inline constexpr const char* kAccessDenied = "org.freedesktop.DBus.Error.AccessDenied";
 }  // namespace error_name
 

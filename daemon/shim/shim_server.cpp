@@ -60,9 +60,9 @@ std::optional<std::string> text_field(const nlohmann::json& body, const char* na
 }  // namespace
 
 std::expected<std::unique_ptr<ShimServer>, std::string> ShimServer::start(
-    const std::filesystem::path& socket_path, NodeService& service, const AccessPolicy& access,
-    std::string node_id, sd_event* event) {
-  std::unique_ptr<ShimServer> s(new ShimServer(service, access, std::move(node_id)));
+    const std::filesystem::path& socket_path, NodeService& service, ArtifactStore& artifacts,
+    const AccessPolicy& access, std::string node_id, sd_event* event) {
+  std::unique_ptr<ShimServer> s(new ShimServer(service, artifacts, access, std::move(node_id)));
   s->event_ = event;
   std::error_code ec;
   std::filesystem::create_directories(socket_path.parent_path(), ec);
@@ -184,6 +184,7 @@ void ShimServer::close_connection(std::uint64_t id, const std::string& why) {
   Connection& c = *it->second;
   if (c.source != nullptr) sd_event_source_disable_unref(c.source);
   const std::size_t released = service_.release_owner(c.owner);
+  (void)ipc_exports_.drop_connection(c.id);
   if (released > 0) {
     log(LogLevel::info, fmt::format("shim client {} went away ({}); gave back {} slot(s) it held",
                                     c.owner, why, released));
@@ -211,7 +212,10 @@ bool ShimServer::reply_error(Connection& c, const Message& request, const Servic
 
 bool ShimServer::handle(Connection& c, proto::Received& in) {
   const Message& m = in.message;
-  if (!in.fds.empty()) return false;  // clients never send descriptors
+  // Descriptors come only with an artifact or an IPC export (exactly one).
+  const bool carries_fd =
+      m.type == MessageType::report_artifact || m.type == MessageType::export_ipc;
+  if (in.fds.size() != (carries_fd ? 1u : 0u)) return false;
   auto reply_of = [&](MessageType type, nlohmann::json body) {
     Message r;
     r.type = type;
@@ -274,9 +278,13 @@ bool ShimServer::handle(Connection& c, proto::Received& in) {
       }
       // The layout of a big model can exceed one message; it is optional for a client that
       // knows it (the shim recorded it), so it is left out rather than failing the attach.
-      nlohmann::json body = {
-          {"slot", slot->slot},   {"gpu", slot->gpu},          {"weight_bytes", slot->weight_bytes},
-          {"token", slot->token}, {"page_messages", messages}, {"layout", std::move(layout)}};
+      nlohmann::json body = {{"slot", slot->slot},
+                             {"gpu", slot->gpu},
+                             {"weight_bytes", slot->weight_bytes},
+                             {"token", slot->token},
+                             {"page_messages", messages},
+                             {"layout", std::move(layout)},
+                             {"budget_bytes", slot->budget_bytes}};
       if (body.dump().size() + proto::kHeaderBytes > proto::kMaxMessageBytes) {
         body["layout"] = nullptr;
       }
@@ -315,15 +323,16 @@ bool ShimServer::handle(Connection& c, proto::Received& in) {
       }
       return send(c, reply_of(MessageType::ok, nlohmann::json::object()));
     }
-    case MessageType::report_artifact: {
-      auto model = text_field(m.body, "model");
-      auto kind = text_field(m.body, "kind");
-      if (!model || !kind) return false;
-      counters_.artifacts_reported.fetch_add(1);
-      log(LogLevel::info, fmt::format("shim client {}: {} artifact for {}", c.owner, *kind, *model),
-          {{"MODEL", *model}});
-      return send(c, reply_of(MessageType::ok, nlohmann::json::object()));
-    }
+    case MessageType::report_artifact:
+      return handle_report_artifact(c, in);
+    case MessageType::get_artifact:
+      return handle_get_artifact(c, m);
+    case MessageType::report_counters:
+      return handle_report_counters(c, m);
+    case MessageType::export_ipc:
+      return handle_export_ipc(c, in);
+    case MessageType::import_ipc:
+      return handle_import_ipc(c, m);
     default:
       return false;  // replies are not requests
   }

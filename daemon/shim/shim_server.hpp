@@ -24,8 +24,10 @@
 
 #include "common/fd/unique_fd.hpp"
 #include "common/proto/seqpacket.hpp"
+#include "daemon/artifacts/artifact_store.hpp"
 #include "daemon/node/access_policy.hpp"
 #include "daemon/node/node_service.hpp"
+#include "daemon/shim/ipc_exports.hpp"
 
 namespace thaw::daemon {
 
@@ -35,14 +37,25 @@ struct ShimCounters {
   std::atomic<std::uint64_t> connections_dropped{0};  // malformed or oversized messages
   std::atomic<std::uint64_t> requests{0};
   std::atomic<std::uint64_t> request_errors{0};
-  std::atomic<std::uint64_t> artifacts_reported{0};
+  std::atomic<std::uint64_t> artifacts_reported{0};  // stored
+  std::atomic<std::uint64_t> artifacts_served{0};
+  std::atomic<std::uint64_t> ipc_exports{0};
+  std::atomic<std::uint64_t> ipc_imports{0};
+  // The totals engines' shims report when they exit (report_counters), summed.
+  std::atomic<std::uint64_t> engine_reports{0};
+  std::atomic<std::uint64_t> engine_calls_intercepted{0};
+  std::atomic<std::uint64_t> engine_deterministic_allocations{0};
+  std::atomic<std::uint64_t> engine_layout_divergences{0};
+  std::atomic<std::uint64_t> engine_files_streamed{0};
+  std::atomic<std::uint64_t> engine_reads_waited{0};
+  std::atomic<std::uint64_t> engine_bytes_streamed{0};
 };
 
 class ShimServer {
  public:
   static std::expected<std::unique_ptr<ShimServer>, std::string> start(
-      const std::filesystem::path& socket_path, NodeService& service, const AccessPolicy& access,
-      std::string node_id, sd_event* event);
+      const std::filesystem::path& socket_path, NodeService& service, ArtifactStore& artifacts,
+      const AccessPolicy& access, std::string node_id, sd_event* event);
   // Closes every connection (giving back what they held) and removes the socket file.
   ~ShimServer();
   ShimServer(const ShimServer&) = delete;
@@ -62,17 +75,26 @@ class ShimServer {
     bool greeted = false;
   };
 
-  ShimServer(NodeService& service, const AccessPolicy& access, std::string node_id)
-      : service_(service), access_(&access), node_id_(std::move(node_id)) {}
+  ShimServer(NodeService& service, ArtifactStore& artifacts, const AccessPolicy& access,
+             std::string node_id)
+      : service_(service), artifacts_(artifacts), access_(&access), node_id_(std::move(node_id)) {}
   static int on_accept(sd_event_source* source, int fd, uint32_t events, void* self);
   static int on_readable(sd_event_source* source, int fd, uint32_t events, void* self);
   // Handles one message; false closes the connection.
   bool handle(Connection& c, proto::Received& in);
+  // shim_records.cpp: artifacts, counters, CUDA IPC exports.
+  bool handle_report_artifact(Connection& c, proto::Received& in);
+  bool handle_get_artifact(Connection& c, const proto::Message& m);
+  bool handle_report_counters(Connection& c, const proto::Message& m);
+  bool handle_export_ipc(Connection& c, proto::Received& in);
+  bool handle_import_ipc(Connection& c, const proto::Message& m);
   bool reply_error(Connection& c, const proto::Message& request, const ServiceError& error);
   bool send(Connection& c, proto::Message reply, const std::vector<int>& fds = {});
   void close_connection(std::uint64_t id, const std::string& why);
 
   NodeService& service_;
+  ArtifactStore& artifacts_;
+  IpcExports ipc_exports_;
   const AccessPolicy* access_;
   std::string node_id_;
   std::filesystem::path path_;

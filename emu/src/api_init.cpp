@@ -1,5 +1,12 @@
 // Initialisation, devices, error strings.
+#include <dlfcn.h>
+
+#include <fmt/format.h>
+
+#include <cstdio>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "api_common.hpp"
 #include "device.hpp"
@@ -11,9 +18,57 @@
 
 using namespace emu;
 
+namespace {
+
+// A real driver looks up symbols with dlsym while it initialises, its own included. A library
+// that overrides dlsym to hand out hooks (HAMi-core, thaw's shim) sees those lookups too; if it
+// answers one with a hook, the driver's internal path calls back into the interposer, which
+// calls the driver: recursion, or a hook where the driver expected itself. The emulator makes
+// the same kind of lookup, of names interposers do hook, through a handle to itself (where
+// plain glibc can only find this library's definitions), and refuses to initialise when an
+// answer lies anywhere else. Returns why it refuses, or nothing.
+constexpr const char* kSelfLookups[] = {"cuGetProcAddress_v2", "cuMemAlloc_v2"};
+
+std::optional<std::string> self_lookup_refusal() {
+  Dl_info self{};
+  if (::dladdr(reinterpret_cast<void*>(&self_lookup_refusal), &self) == 0 ||
+      self.dli_fname == nullptr) {
+    return "dladdr cannot find the driver library itself";
+  }
+  void* handle = ::dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) {
+    const char* why = ::dlerror();
+    return fmt::format("dlopen('{}', RTLD_NOLOAD) of itself failed: {}", self.dli_fname,
+                       why != nullptr ? why : "unknown error");
+  }
+  std::optional<std::string> refusal;
+  for (const char* name : kSelfLookups) {
+    void* found = ::dlsym(handle, name);
+    Dl_info where{};
+    if (found != nullptr && ::dladdr(found, &where) != 0 && where.dli_fbase == self.dli_fbase) {
+      continue;
+    }
+    refusal = fmt::format(
+        "its internal dlsym(<{}>, \"{}\") answered {} in {}, not its own function: a library "
+        "that overrides dlsym handed the driver's own lookup something else",
+        self.dli_fname, name, found, where.dli_fname != nullptr ? where.dli_fname : "no library");
+    break;
+  }
+  ::dlclose(handle);
+  return refusal;
+}
+
+}  // namespace
+
 EMU_EXPORT CUresult cuInit(unsigned int flags) {
   return api("cuInit", [&](Call& c) {
     c.arg("flags", flags);
+    if (!driver().initialized()) {
+      if (auto refusal = self_lookup_refusal()) {
+        std::fprintf(stderr, "thaw-emu: cuInit failed: %s\n", refusal->c_str());
+        return CUDA_ERROR_NOT_INITIALIZED;
+      }
+    }
     return driver().init(flags);
   });
 }

@@ -1,10 +1,14 @@
 #include "preload/daemon/daemon_client.hpp"
 
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <vector>
 
 #include "common/proto/seqpacket.hpp"
 #include "preload/shim/shim_state.hpp"
@@ -34,14 +38,61 @@ class Connection {
     return *c;
   }
 
-  std::optional<proto::Received> request(proto::Message m) {
+  std::optional<proto::Received> request(proto::Message m, const std::vector<int>& fds = {}) {
     std::lock_guard lock(mutex_);
     if (!connect_locked()) return std::nullopt;
     m.request_id = ++next_id_;
-    if (auto sent = proto::send_message(fd_.get(), m); !sent) return drop_locked(sent.error());
+    if (auto sent = proto::send_message(fd_.get(), m, fds); !sent) return drop_locked(sent.error());
     auto in = proto::receive_message(fd_.get());
     if (!in) return drop_locked(in.error().message);
     return std::move(*in);
+  }
+
+  // attach_slot, its page messages (their descriptors are closed: not mapped yet), then
+  // `imported` — one exchange under the lock, so no other request interleaves.
+  std::optional<AttachedSlot> attach(const std::string& model) {
+    std::lock_guard lock(mutex_);
+    if (!connect_locked()) return std::nullopt;
+    proto::Message m;
+    m.type = proto::MessageType::attach_slot;
+    m.request_id = ++next_id_;
+    m.body = {{"model", model}};
+    if (auto sent = proto::send_message(fd_.get(), m); !sent) return drop_locked(sent.error());
+    auto in = proto::receive_message(fd_.get());
+    if (!in) return drop_locked(in.error().message);
+    if (in->message.type != proto::MessageType::slot) {
+      debug("no slot of {} to attach to: {}", model, in->message.body.dump());
+      return std::nullopt;
+    }
+    const nlohmann::json& body = in->message.body;
+    AttachedSlot out{body.value("slot", std::string()),
+                     body.value("budget_bytes", std::uint64_t{0})};
+    const std::uint64_t token = body.value("token", std::uint64_t{0});
+    for (std::uint64_t i = 0, n = body.value("page_messages", std::uint64_t{0}); i < n; ++i) {
+      auto pages = proto::receive_message(fd_.get());
+      if (!pages) return drop_locked(pages.error().message);
+    }
+    proto::Message imported;
+    imported.type = proto::MessageType::imported;
+    imported.request_id = ++next_id_;
+    imported.body = {{"slot", out.slot}, {"token", token}};
+    if (auto sent = proto::send_message(fd_.get(), imported); !sent)
+      return drop_locked(sent.error());
+    auto ok = proto::receive_message(fd_.get());
+    if (!ok) return drop_locked(ok.error().message);
+    return out;
+  }
+
+  bool connected() {
+    std::lock_guard lock(mutex_);
+    return static_cast<bool>(fd_);
+  }
+
+  void after_fork_in_child() {
+    new (&mutex_) std::mutex();  // another thread of the parent may have held it
+    fd_.reset();
+    given_up_ = false;
+    next_id_ = 0;
   }
 
  private:
@@ -62,6 +113,7 @@ class Connection {
     hello.type = proto::MessageType::hello;
     hello.request_id = ++next_id_;
     hello.body = {{"client", "thaw-preload"}, {"engine", engine_name()}, {"pid", ::getpid()}};
+    // (the engine's fingerprint goes with each artifact, not here)
     auto sent = proto::send_message(fd_.get(), hello);
     auto reply = sent ? proto::receive_message(fd_.get())
                       : std::unexpected(proto::ReceiveError{proto::ReceiveErrc::io, sent.error()});
@@ -106,6 +158,101 @@ std::optional<UniqueFd> daemon_readiness_fd(const std::string& model_key,
     return std::nullopt;
   }
   return std::move(reply->fds[1]);
+}
+
+namespace {
+
+// The reply to `m`, when it is of type `want`; other replies are logged (an error names
+// what thawd did not like) and give nullopt.
+std::optional<proto::Received> expect_reply(proto::Message m, proto::MessageType want,
+                                            const std::vector<int>& fds = {}) {
+  const proto::MessageType sent = m.type;
+  auto reply = Connection::get().request(std::move(m), fds);
+  if (!reply) return std::nullopt;
+  if (reply->message.type != want) {
+    debug("thawd answered {} with {}: {}", proto::to_string(sent),
+          proto::to_string(reply->message.type), reply->message.body.dump());
+    return std::nullopt;
+  }
+  return reply;
+}
+
+std::optional<std::string> read_fd(int fd, std::uint64_t bytes) {
+  std::string out(bytes, '\0');
+  std::uint64_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd, out.data() + done, bytes - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;
+    done += static_cast<std::uint64_t>(n);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> daemon_get_artifact(const std::string& kind,
+                                               const nlohmann::json& identity) {
+  proto::Message m;
+  m.type = proto::MessageType::get_artifact;
+  m.body = {{"kind", kind}, {"identity", identity}};
+  auto reply = expect_reply(std::move(m), proto::MessageType::artifact);
+  if (!reply || reply->fds.size() != 1) return std::nullopt;
+  const std::uint64_t bytes = reply->message.body.value("bytes", std::uint64_t{0});
+  return read_fd(reply->fds[0].get(), bytes);
+}
+
+bool daemon_report_artifact(const std::string& kind, const nlohmann::json& identity,
+                            const std::string& document) {
+  UniqueFd memfd(::memfd_create("thaw-artifact", MFD_CLOEXEC));
+  if (!memfd) return false;
+  std::size_t done = 0;
+  while (done < document.size()) {
+    const ssize_t n = ::write(memfd.get(), document.data() + done, document.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  proto::Message m;
+  m.type = proto::MessageType::report_artifact;
+  m.body = {{"kind", kind}, {"identity", identity}, {"bytes", document.size()}};
+  return expect_reply(std::move(m), proto::MessageType::ok, {memfd.get()}).has_value();
+}
+
+void daemon_report_counters(const nlohmann::json& counters) {
+  if (!Connection::get().connected()) return;
+  proto::Message m;
+  m.type = proto::MessageType::report_counters;
+  m.body = {{"counters", counters}};
+  (void)expect_reply(std::move(m), proto::MessageType::ok);
+}
+
+std::optional<std::uint64_t> daemon_export_ipc(int fd, std::uint64_t bytes) {
+  proto::Message m;
+  m.type = proto::MessageType::export_ipc;
+  m.body = {{"bytes", bytes}};
+  auto reply = expect_reply(std::move(m), proto::MessageType::ok, {fd});
+  if (!reply) return std::nullopt;
+  auto token = reply->message.body.find("token");
+  if (token == reply->message.body.end() || !token->is_number_unsigned()) return std::nullopt;
+  return token->get<std::uint64_t>();
+}
+
+std::optional<UniqueFd> daemon_import_ipc(std::uint64_t token) {
+  proto::Message m;
+  m.type = proto::MessageType::import_ipc;
+  m.body = {{"token", token}};
+  auto reply = expect_reply(std::move(m), proto::MessageType::ipc);
+  if (!reply || reply->fds.size() != 1) return std::nullopt;
+  return std::move(reply->fds[0]);
+}
+
+std::optional<AttachedSlot> daemon_attach_slot(const std::string& model) {
+  return Connection::get().attach(model);
+}
+
+void daemon_after_fork_in_child() {
+  Connection::get().after_fork_in_child();
 }
 
 }  // namespace thaw::preload

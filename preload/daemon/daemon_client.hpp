@@ -7,8 +7,11 @@
 // retried for the rest of the process.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "common/fd/unique_fd.hpp"
 
@@ -18,5 +21,36 @@ namespace thaw::preload {
 // is not there or does not know the file.
 std::optional<UniqueFd> daemon_readiness_fd(const std::string& model_key,
                                             const std::string& relative_path);
+
+// The artifact of `kind` recorded for `identity` ({engine, model, gpu, driver}), as text;
+// nullopt when there is none (or no thawd).
+std::optional<std::string> daemon_get_artifact(const std::string& kind,
+                                               const nlohmann::json& identity);
+// Stores an artifact (sent as a memfd: records can exceed a message). false: not stored.
+bool daemon_report_artifact(const std::string& kind, const nlohmann::json& identity,
+                            const std::string& document);
+// Reports the shim's counters — only over a connection already open (never connects at
+// exit just for this).
+void daemon_report_counters(const nlohmann::json& counters);
+
+// CUDA IPC through thawd: hands over a VMM handle's descriptor, gets the token a handle
+// carries; and the other way round. nullopt: no thawd, or it refused (logged).
+std::optional<std::uint64_t> daemon_export_ipc(int fd, std::uint64_t bytes);
+std::optional<UniqueFd> daemon_import_ipc(std::uint64_t token);
+
+// Attaches this engine to a prewarmed slot of `model` (attach_slot, then `imported`):
+// thawd then counts the slot's pages as the engine's until it exits. Part 1 of the shim
+// does not map the pages yet (weight injection will); what it uses is the budget thawd
+// grants — the slot's pages plus the pool's free pages — which cuMemGetInfo answers from.
+// nullopt: no thawd, or no prewarmed slot of that model (thawd's message is logged).
+struct AttachedSlot {
+  std::string slot;
+  std::uint64_t budget_bytes = 0;
+};
+std::optional<AttachedSlot> daemon_attach_slot(const std::string& model);
+
+// In a forked child: the parent's connection is the parent's. The child closes its copy
+// (without a word on it) and connects afresh when it needs thawd.
+void daemon_after_fork_in_child();
 
 }  // namespace thaw::preload

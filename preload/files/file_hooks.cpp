@@ -1,9 +1,11 @@
 // Hooks of the calls engines read model files with: open/openat (plain, 64-bit and
 // fortified), read/pread/readv, mmap/munmap, close. Only descriptors of managed files
-// (managed_files.hpp) whose bytes are still arriving are touched: a read waits until its
-// range is verified, then reads; a private mapping is served page by page as bytes arrive
-// (streaming_mapping.hpp), or — without userfaultfd, or for shared mappings — mmap waits
-// until the whole range is in. Every other call goes straight to libc.
+// (managed_files.hpp) are touched: a read of one whose bytes are still arriving waits until
+// its range is verified, then reads; a private mapping of one is served page by page as
+// bytes arrive (streaming_mapping.hpp), or — without userfaultfd, or for shared mappings —
+// mmap waits until the whole range is in. Mappings of managed files (complete or not) are
+// registered (file_mappings.hpp) for the layout record's copy map. Every other call goes
+// straight to libc.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -11,6 +13,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "preload/files/file_mappings.hpp"
 #include "preload/files/managed_files.hpp"
 #include "preload/files/streaming_mapping.hpp"
 #include "preload/interpose/real_driver.hpp"
@@ -35,7 +38,7 @@ int after_open(int fd, int dirfd, const char* path, int flags) {
   if (fd < 0 || !read_only(flags) || ReentryGuard::inside() || config().disabled) return fd;
   ReentryGuard guard;
   if (auto file = classify(dirfd, path)) {
-    counters().files_streamed.fetch_add(1, std::memory_order_relaxed);
+    if (!file->complete) counters().files_streamed.fetch_add(1, std::memory_order_relaxed);
     track(fd, std::move(file));
   }
   return fd;
@@ -162,14 +165,27 @@ void* mmap(void* addr, size_t length, int prot, int flags, int fd, off_t offset)
   auto file = waiting_file(fd);
   if (file == nullptr) return real_mmap(addr, length, prot, flags, fd, offset);
   ReentryGuard guard;
-  if ((flags & MAP_PRIVATE) != 0) {
-    if (void* streamed = map_streaming(file, fd, addr, length, prot, flags, offset))
-      return streamed;
+  void* mapped = MAP_FAILED;
+  if (file->complete) {
+    mapped = real_mmap(addr, length, prot, flags, fd, offset);
+  } else {
+    if ((flags & MAP_PRIVATE) != 0) {
+      if (void* streamed = map_streaming(file, fd, addr, length, prot, flags, offset))
+        mapped = streamed;
+    }
+    if (mapped == MAP_FAILED) {
+      // Without userfaultfd (or for a shared mapping): the whole range first. Slower, never
+      // wrong.
+      debug("mmap of {} [{}, +{}) waits for the whole range", file->path, offset, length);
+      if (!wait_readable(*file, static_cast<std::uint64_t>(offset), length)) return MAP_FAILED;
+      mapped = real_mmap(addr, length, prot, flags, fd, offset);
+    }
   }
-  // Without userfaultfd (or for a shared mapping): the whole range first. Slower, never wrong.
-  debug("mmap of {} [{}, +{}) waits for the whole range", file->path, offset, length);
-  if (!wait_readable(*file, static_cast<std::uint64_t>(offset), length)) return MAP_FAILED;
-  return real_mmap(addr, length, prot, flags, fd, offset);
+  if (mapped != MAP_FAILED) {
+    register_file_mapping(mapped, length, file->model, file->relative,
+                          static_cast<std::uint64_t>(offset));
+  }
+  return mapped;
 }
 
 void* mmap64(void* addr, size_t length, int prot, int flags, int fd, off64_t offset) {
@@ -181,6 +197,7 @@ int munmap(void* addr, size_t length) {
   if (!ReentryGuard::inside()) {
     ReentryGuard guard;
     forget_streaming(addr, length);
+    forget_file_mappings(addr, length);
   }
   return real_munmap(addr, length);
 }

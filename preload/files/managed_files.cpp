@@ -12,8 +12,11 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <string_view>
 
 #include "preload/daemon/daemon_client.hpp"
+#include "preload/hooks/engine_memory.hpp"
+#include "preload/hooks/recorder_instance.hpp"
 #include "preload/shim/shim_state.hpp"
 
 namespace thaw::preload {
@@ -38,6 +41,22 @@ std::chrono::nanoseconds read_timeout() {
     return std::chrono::nanoseconds(std::chrono::seconds(s > 0 ? s : 600));
   }();
   return t;
+}
+
+// THAW_PRELOAD_ATTACH=1: the first managed model the engine opens, it runs attached to a
+// prewarmed slot of (if thawd has one), with the memory budget thawd grants.
+void attach_once(const std::string& model) {
+  static std::atomic<bool> tried{false};
+  const char* v = std::getenv("THAW_PRELOAD_ATTACH");
+  if (v == nullptr || std::string_view(v) != "1" || tried.exchange(true)) return;
+  if (auto slot = daemon_attach_slot(model)) {
+    set_memory_budget(slot->budget_bytes);
+    debug("attached to slot {} of {}: cuMemGetInfo answers a budget of {} bytes", slot->slot, model,
+          slot->budget_bytes);
+  } else {
+    notice_once("attach", "THAW_PRELOAD_ATTACH: no prewarmed slot of " + model +
+                              " to attach to; cuMemGetInfo answers the driver's numbers");
+  }
 }
 
 bool path_exists(const fs::path& p) {
@@ -89,9 +108,13 @@ std::shared_ptr<ManagedFile> classify(int dirfd, const char* path) {
             readiness.error().message);
       return nullptr;
     }
-    if (readiness->state() == store::FillState::complete) return nullptr;
-    auto file = std::make_shared<ManagedFile>(
-        ManagedFile{full.string(), readiness->file_size(), std::move(*readiness)});
+    if (LayoutRecorder* recorder = recorder_instance()) recorder->model_opened(key.string());
+    attach_once(key.string());
+    const bool complete = readiness->state() == store::FillState::complete;
+    auto file = std::make_shared<ManagedFile>(ManagedFile{full.string(), readiness->file_size(),
+                                                          std::move(*readiness), key.string(),
+                                                          relative.string(), complete});
+    if (complete) return file;
     debug("{}: streamed ({} bytes, {} of {} chunks in; readiness from {})", file->path, file->size,
           file->readiness.verified_chunks(), file->readiness.chunk_count(), source);
     return file;
@@ -116,8 +139,13 @@ std::shared_ptr<ManagedFile> tracked(int fd) {
 }
 
 void untrack(int fd) {
+  std::shared_ptr<ManagedFile> last;  // destroyed after the lock is released: its readiness
+                                      // map's close() comes back through the close hook
   std::unique_lock lock(table_mutex());
-  table().erase(fd);
+  auto it = table().find(fd);
+  if (it == table().end()) return;
+  last = std::move(it->second);
+  table().erase(it);
   g_tracked.store(table().size(), std::memory_order_release);
 }
 

@@ -4,8 +4,10 @@
 // map (common/readiness) so that reads and mappings never see a byte before it is fetched
 // and verified.
 //
-// The readiness map comes from the cache itself (<root>/<key>/.thaw/ready/<path>, opened
-// read-only). A file whose map says complete is left alone entirely.
+// The readiness map comes from thawd (open_file) or else the cache itself
+// (<root>/<key>/.thaw/ready/<path>, opened read-only). Complete files are tracked too —
+// reads never wait on them — because the layout recorder wants to know which model the
+// engine runs and which mappings hold its files' bytes.
 #pragma once
 
 #include <sys/types.h>
@@ -23,10 +25,13 @@ struct ManagedFile {
   std::string path;  // as opened, for messages
   std::uint64_t size = 0;
   store::ChunkReadiness readiness;
+  std::string model;      // key in the cache
+  std::string relative;   // path in the model directory
+  bool complete = false;  // every byte was in when it was opened
 };
 
 // The managed file behind `path` (absolute, or relative to `dirfd`), or nullptr when the
-// path is not in a thaw cache or its file is complete already.
+// path is not in a thaw cache.
 std::shared_ptr<ManagedFile> classify(int dirfd, const char* path);
 
 // Descriptor table.

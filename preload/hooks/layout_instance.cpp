@@ -5,6 +5,8 @@
 #include <atomic>
 #include <mutex>
 
+#include "preload/daemon/daemon_client.hpp"
+#include "preload/hooks/recorder_instance.hpp"
 #include "preload/interpose/real_driver.hpp"
 #include "preload/shim/shim_state.hpp"
 
@@ -23,6 +25,8 @@ void resolve(Fn& out, const char* name) {
 void after_fork_in_child() {
   new (&g_layout_mutex) std::mutex();
   if (DeterministicLayout* layout = g_layout.load()) layout->reset_after_fork();
+  recorder_after_fork_in_child();
+  daemon_after_fork_in_child();
 }
 
 }  // namespace
@@ -45,7 +49,7 @@ DeterministicLayout* layout_instance() {
   resolve(d.mem_set_access, "cuMemSetAccess");
   if (d.ctx_get_device == nullptr) return nullptr;  // no driver loaded yet
   // Lives for the whole process: hooks may run during exit, after static destructors.
-  auto* layout = new DeterministicLayout(d, config().va_base);
+  auto* layout = new DeterministicLayout(d, config().va_base, recorder_instance());
   g_layout.store(layout, std::memory_order_release);
   return layout;
 }

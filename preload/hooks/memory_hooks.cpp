@@ -4,7 +4,11 @@
 // while the layout is off or stopped, goes to the driver unchanged.
 #include <cuda.h>
 
+#include <algorithm>
+
+#include "preload/hooks/engine_memory.hpp"
 #include "preload/hooks/layout_instance.hpp"
+#include "preload/hooks/recorder_instance.hpp"
 #include "preload/interpose/hook_table.hpp"
 #include "preload/shim/shim_state.hpp"
 
@@ -15,7 +19,7 @@ namespace {
 // Answers RANGE_START_ADDR / RANGE_SIZE for the layout's allocations (the driver would give
 // the whole region's reservation).
 void fix_range_attribute(CUpointer_attribute attribute, void* data, const LayoutAllocation& a) {
-  if (data == nullptr) return;
+  if (data == nullptr || a.reservation) return;
   if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data) = a.base;
   if (attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data) = a.size;
 }
@@ -36,6 +40,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   if (layout != nullptr) {
     if (auto r = layout->allocate(dptr, bytesize)) {
       if (*r == CUDA_SUCCESS) {
+        note_engine_alloc(*dptr, bytesize);
         counters().deterministic_allocations.fetch_add(1, std::memory_order_relaxed);
         debug("cuMemAlloc({}) = {:#x} (deterministic #{})", bytesize, *dptr,
               layout->allocations() - 1);
@@ -48,7 +53,9 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
     }
   }
   counters().passthrough_allocations.fetch_add(1, std::memory_order_relaxed);
-  return driver_fn(dptr, bytesize);
+  const CUresult r = driver_fn(dptr, bytesize);
+  if (r == CUDA_SUCCESS) note_engine_alloc(*dptr, bytesize);
+  return r;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
@@ -57,10 +64,66 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
   if (ReentryGuard::inside()) return driver_fn(dptr);
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
-  if (DeterministicLayout* layout = layout_instance()) {
-    if (auto r = layout->free(dptr)) return *r;
+  std::optional<CUresult> r;
+  if (DeterministicLayout* layout = layout_instance()) r = layout->free(dptr);
+  if (!r) r = driver_fn(dptr);
+  if (*r == CUDA_SUCCESS) note_engine_free(dptr);
+  return *r;
+}
+
+// VA reservations with no fixed address (expandable segments) come from the layout's
+// region, in sequence; frees of those go back to it.
+CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+  auto driver_fn = real<decltype(&cuMemAddressReserve)>(Hook::mem_address_reserve);
+  if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ReentryGuard::inside() || config().disabled || !config().deterministic || addr != 0 ||
+      flags != 0) {
+    return driver_fn(ptr, size, alignment, addr, flags);
   }
-  return driver_fn(dptr);
+  ReentryGuard guard;
+  counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
+  if (DeterministicLayout* layout = layout_instance()) {
+    if (auto r = layout->reserve(ptr, size, alignment)) {
+      if (*r == CUDA_SUCCESS) {
+        debug("cuMemAddressReserve({}) = {:#x} (deterministic #{})", size, *ptr,
+              layout->allocations() - 1);
+      }
+      return *r;
+    }
+  }
+  return driver_fn(ptr, size, alignment, addr, flags);
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  auto driver_fn = real<decltype(&cuMemAddressFree)>(Hook::mem_address_free);
+  if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ReentryGuard::inside()) return driver_fn(ptr, size);
+  ReentryGuard guard;
+  if (DeterministicLayout* layout = layout_instance()) {
+    if (auto r = layout->release(ptr, size)) return *r;
+  }
+  return driver_fn(ptr, size);
+}
+
+// The driver's answer, unless thawd granted this engine a budget (it runs attached to a
+// prewarm slot): then total is the budget and free what is left of it — never more than
+// the device really has free. Every answer goes into the layout record.
+CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  auto driver_fn = real<decltype(&cuMemGetInfo_v2)>(Hook::mem_get_info);
+  if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult r = driver_fn(free, total);
+  if (r != CUDA_SUCCESS || ReentryGuard::inside() || free == nullptr || total == nullptr) return r;
+  ReentryGuard guard;
+  counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
+  if (auto budget = memory_budget()) {
+    const std::uint64_t used = engine_bytes();
+    const std::uint64_t left = *budget > used ? *budget - used : 0;
+    *total = static_cast<size_t>(*budget);
+    *free = static_cast<size_t>(std::min<std::uint64_t>(*free, left));
+  }
+  if (LayoutRecorder* recorder = recorder_instance()) recorder->note_mem_info(*free, *total);
+  return r;
 }
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
@@ -72,13 +135,19 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr 
   DeterministicLayout* layout = layout_instance();
   if (layout == nullptr || !layout->in_region(dptr)) return driver_fn(pbase, psize, dptr);
   // The driver checks the context and knows the pointer is mapped; then the answer is the
-  // allocation's, not the region's.
-  CUdeviceptr region_base = 0;
-  if (CUresult r = driver_fn(&region_base, nullptr, dptr); r != CUDA_SUCCESS) return r;
+  // allocation's, not the mapping's (memory the engine mapped into a reservation of the
+  // layout keeps the driver's answer).
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (CUresult r = driver_fn(&base, &size, dptr); r != CUDA_SUCCESS) return r;
   auto a = layout->find(dptr);
   if (!a) return CUDA_ERROR_NOT_FOUND;
-  if (pbase != nullptr) *pbase = a->base;
-  if (psize != nullptr) *psize = a->size;
+  if (!a->reservation) {
+    base = a->base;
+    size = a->size;
+  }
+  if (pbase != nullptr) *pbase = base;
+  if (psize != nullptr) *psize = size;
   return CUDA_SUCCESS;
 }
 

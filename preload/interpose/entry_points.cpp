@@ -85,6 +85,19 @@ CUresult wrapped_get_proc_address_v1(const char* symbol, void** pfn, int cuda_ve
 
 using namespace thaw::preload;
 
+namespace {
+
+// Whether `caller` (a return address) lies in the library that defines `symbol`: a library
+// looking itself up — the driver resolving its own entry points, before the shim knows
+// which library the driver is (a program linked against libcuda.so.1 calls cuInit before
+// any lookup has named it) — gets its own function, never a hook.
+bool same_object(const void* caller, const void* symbol) {
+  Dl_info c{}, s{};
+  return ::dladdr(caller, &c) != 0 && ::dladdr(symbol, &s) != 0 && c.dli_fbase == s.dli_fbase;
+}
+
+}  // namespace
+
 // dlsym itself is a few instructions of assembly (x86-64): any name that is not "cu" + an
 // upper-case letter is a tail jump to glibc's dlsym, so glibc sees the original caller's
 // return address — RTLD_NEXT lookups (a sanitizer runtime's, another interposer's) resolve
@@ -96,8 +109,9 @@ extern "C" void* thaw_resolve_real_dlsym();
 extern "C" __attribute__((visibility("hidden"))) void* thaw_dlsym_driver_name(void* handle,
                                                                               const char* name) {
   void* found = real_dlsym()(handle, name);
-  if (found == nullptr || config().disabled || ReentryGuard::inside() ||
-      inside_driver(__builtin_return_address(0))) {
+  void* caller = __builtin_return_address(0);
+  if (found == nullptr || config().disabled || ReentryGuard::inside() || inside_driver(caller) ||
+      same_object(caller, found)) {
     return found;
   }
   ReentryGuard guard;

@@ -14,6 +14,16 @@ CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr*, size_t*, CUdeviceptr);
 CUresult cuPointerGetAttribute(void*, CUpointer_attribute, CUdeviceptr);
 CUresult cuPointerGetAttributes(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void*, size_t);
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr, const void*, size_t);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void*, size_t, CUstream);
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr, const void*, size_t, CUstream);
+CUresult cuMemGetInfo_v2(size_t*, size_t*);
+CUresult cuIpcGetMemHandle(CUipcMemHandle*, CUdeviceptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr*, CUipcMemHandle, unsigned int);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
+CUresult cuMemAddressReserve(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
 }
 
 namespace thaw::preload {
@@ -27,6 +37,16 @@ std::array<HookEntry, static_cast<std::size_t>(Hook::count)>& table() {
       {"cuMemGetAddressRange_v2", reinterpret_cast<void*>(&::cuMemGetAddressRange_v2), {}},
       {"cuPointerGetAttribute", reinterpret_cast<void*>(&::cuPointerGetAttribute), {}},
       {"cuPointerGetAttributes", reinterpret_cast<void*>(&::cuPointerGetAttributes), {}},
+      {"cuMemcpyHtoD_v2", reinterpret_cast<void*>(&::cuMemcpyHtoD_v2), {}},
+      {"cuMemcpyHtoD_v2_ptds", reinterpret_cast<void*>(&::cuMemcpyHtoD_v2_ptds), {}},
+      {"cuMemcpyHtoDAsync_v2", reinterpret_cast<void*>(&::cuMemcpyHtoDAsync_v2), {}},
+      {"cuMemcpyHtoDAsync_v2_ptsz", reinterpret_cast<void*>(&::cuMemcpyHtoDAsync_v2_ptsz), {}},
+      {"cuMemGetInfo_v2", reinterpret_cast<void*>(&::cuMemGetInfo_v2), {}},
+      {"cuIpcGetMemHandle", reinterpret_cast<void*>(&::cuIpcGetMemHandle), {}},
+      {"cuIpcOpenMemHandle_v2", reinterpret_cast<void*>(&::cuIpcOpenMemHandle_v2), {}},
+      {"cuIpcCloseMemHandle", reinterpret_cast<void*>(&::cuIpcCloseMemHandle), {}},
+      {"cuMemAddressReserve", reinterpret_cast<void*>(&::cuMemAddressReserve), {}},
+      {"cuMemAddressFree", reinterpret_cast<void*>(&::cuMemAddressFree), {}},
   }};
   return t;
 }

@@ -21,6 +21,16 @@ enum class Hook : std::size_t {
   mem_get_address_range,
   pointer_get_attribute,
   pointer_get_attributes,
+  memcpy_htod,
+  memcpy_htod_ptds,
+  memcpy_htod_async,
+  memcpy_htod_async_ptsz,
+  mem_get_info,
+  ipc_get_mem_handle,
+  ipc_open_mem_handle,
+  ipc_close_mem_handle,
+  mem_address_reserve,
+  mem_address_free,
   count
 };
 

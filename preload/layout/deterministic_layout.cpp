@@ -28,8 +28,9 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t to) {
 
 }  // namespace
 
-DeterministicLayout::DeterministicLayout(LayoutDriver driver, std::uint64_t base)
-    : driver_(driver), base_(base) {
+DeterministicLayout::DeterministicLayout(LayoutDriver driver, std::uint64_t base,
+                                         LayoutObserver* observer)
+    : driver_(driver), base_(base), observer_(observer) {
   if (!driver_.complete()) stopped_ = "the driver lacks a VMM entry point the layout needs";
 }
 
@@ -47,7 +48,9 @@ bool DeterministicLayout::ensure_region_locked(CUdevice device) {
     stop_locked("cannot query the device's granularity or memory size");
     return false;
   }
-  region_size_ = round_up(2 * static_cast<std::uint64_t>(total), granularity_);
+  // Room for the allocations and for expandable segments' reservations (each 1.125 × the
+  // device's memory in PyTorch); VA is cheap.
+  region_size_ = round_up(4 * static_cast<std::uint64_t>(total), granularity_);
   CUdeviceptr got = 0;
   if (driver_.mem_address_reserve(&got, region_size_, granularity_, base_, 0) != CUDA_SUCCESS) {
     stop_locked(fmt::format("cannot reserve {} bytes of VA", region_size_));
@@ -65,6 +68,7 @@ bool DeterministicLayout::ensure_region_locked(CUdevice device) {
   }
   reserved_ = true;
   device_ = device;
+  if (observer_ != nullptr) observer_->region_reserved(device, base_, granularity_);
   return true;
 }
 
@@ -78,6 +82,12 @@ std::optional<CUresult> DeterministicLayout::allocate(CUdeviceptr* out, std::siz
   if (cursor_ + mapped > region_size_) {
     stop_locked(fmt::format("the region is full after {} allocations", next_index_));
     return std::nullopt;
+  }
+  if (observer_ != nullptr) {
+    if (auto diverged = observer_->admit(next_index_, size, cursor_)) {
+      stop_locked(std::move(*diverged));
+      return std::nullopt;
+    }
   }
   const CUdeviceptr va = base_ + cursor_;
   const CUmemAllocationProp prop = device_prop(device);
@@ -96,6 +106,7 @@ std::optional<CUresult> DeterministicLayout::allocate(CUdeviceptr* out, std::siz
   }
   cursor_ += mapped;
   live_[va] = LayoutAllocation{next_index_++, va, size, mapped, device};
+  if (observer_ != nullptr) observer_->served(live_[va]);
   *out = va;
   return CUDA_SUCCESS;
 }
@@ -104,12 +115,55 @@ std::optional<CUresult> DeterministicLayout::free(CUdeviceptr ptr) {
   std::lock_guard lock(mutex_);
   if (!reserved_ || ptr < base_ || ptr >= base_ + region_size_) return std::nullopt;
   auto it = live_.find(ptr);
-  // Inside the region but not an allocation's start (or freed twice): what cuMemFree says.
-  if (it == live_.end()) return CUDA_ERROR_INVALID_VALUE;
+  // Inside the region but not an allocation's start (or freed twice, or a reservation):
+  // what cuMemFree says.
+  if (it == live_.end() || it->second.reservation) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = driver_.mem_unmap(it->second.base, it->second.mapped); r != CUDA_SUCCESS) {
     return r;
   }
   live_.erase(it);
+  return CUDA_SUCCESS;
+}
+
+std::optional<CUresult> DeterministicLayout::reserve(CUdeviceptr* out, std::size_t size,
+                                                     std::size_t alignment) {
+  if (out == nullptr || size == 0) return std::nullopt;
+  CUdevice device = 0;
+  if (driver_.ctx_get_device(&device) != CUDA_SUCCESS) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  if (stopped_ || !ensure_region_locked(device)) return std::nullopt;
+  // What the driver would refuse, it refuses itself.
+  if (size % granularity_ != 0 || (alignment != 0 && alignment % granularity_ != 0)) {
+    return std::nullopt;
+  }
+  const std::uint64_t align = alignment == 0 ? granularity_ : alignment;
+  const std::uint64_t offset = round_up(cursor_, align);
+  if (offset + size > region_size_) {
+    stop_locked(fmt::format("the region is full after {} allocations", next_index_));
+    return std::nullopt;
+  }
+  if (observer_ != nullptr) {
+    if (auto diverged = observer_->admit(next_index_, size, offset)) {
+      stop_locked(std::move(*diverged));
+      return std::nullopt;
+    }
+  }
+  const CUdeviceptr va = base_ + offset;
+  cursor_ = offset + size;
+  live_[va] = LayoutAllocation{next_index_++, va, size, size, device, true};
+  if (observer_ != nullptr) observer_->served(live_[va]);
+  *out = va;
+  return CUDA_SUCCESS;
+}
+
+std::optional<CUresult> DeterministicLayout::release(CUdeviceptr ptr, std::size_t size) {
+  std::lock_guard lock(mutex_);
+  if (!reserved_ || ptr < base_ || ptr >= base_ + region_size_) return std::nullopt;
+  auto it = live_.find(ptr);
+  if (it == live_.end() || !it->second.reservation || it->second.size != size) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  live_.erase(it);  // its VA is not reused
   return CUDA_SUCCESS;
 }
 
@@ -135,6 +189,11 @@ bool DeterministicLayout::active() const {
 std::optional<std::string> DeterministicLayout::stop_reason() const {
   std::lock_guard lock(mutex_);
   return stopped_;
+}
+
+void DeterministicLayout::stop(std::string why) {
+  std::lock_guard lock(mutex_);
+  stop_locked(std::move(why));
 }
 
 std::uint64_t DeterministicLayout::allocations() const {

@@ -4,8 +4,10 @@
 // foundation for weight injection (prewarmed pages mapped at exactly the weights' addresses)
 // and graph restore (recorded pointers stay valid).
 //
-// - The region (2 × the device's memory of VA, reserved once at `base`) is carved by a
+// - The region (4 × the device's memory of VA, reserved once at `base`) is carved by a
 //   monotonic cursor: allocation i lands at base + Σ round_up(size_j, granularity), j < i.
+//   VA reservations the engine makes for itself (cuMemAddressReserve with no fixed address:
+//   PyTorch's expandable segments) are carved from it the same way, in the same sequence.
 //   A freed allocation's pages go back to the driver; its VA is not reused, so a later
 //   allocation never depends on the order of frees.
 // - Each allocation is cuMemCreate (pinned device memory, POSIX-fd shareable) + cuMemMap +
@@ -13,8 +15,9 @@
 //   keeps the memory alive until cuMemUnmap at free.
 // - Queries answer as for cuMemAlloc memory: the allocation's own base and requested size,
 //   not the region's.
-// - When the region cannot be reserved at `base`, or fills up, the layout stops (later
-//   allocations go to the driver as usual) and says so once: slower to restore, never wrong.
+// - When the region cannot be reserved at `base`, or fills up, or the observer says the
+//   run diverged from its record, the layout stops (later allocations go to the driver as
+//   usual) and says so once: slower to restore, never wrong.
 //
 // Thread-safe. The driver functions are passed in, so this is testable on the emulator
 // without the rest of the shim.
@@ -50,23 +53,47 @@ struct LayoutDriver {
   bool complete() const;
 };
 
+struct LayoutAllocation;
+
+// Told about the layout's decisions, under the layout's lock (so in allocation order):
+// the recorder of the shim (preload/artifact) records them and compares them with a
+// record. Must not call back into the layout.
+class LayoutObserver {
+ public:
+  virtual ~LayoutObserver() = default;
+  virtual void region_reserved(CUdevice device, std::uint64_t base, std::uint64_t granularity) = 0;
+  // Allocation `index` would take `size` bytes at `offset` from the base. A reason stops the
+  // layout before serving it (the allocation then goes to the driver).
+  virtual std::optional<std::string> admit(std::uint64_t index, std::uint64_t size,
+                                           std::uint64_t offset) = 0;
+  virtual void served(const LayoutAllocation& allocation) = 0;
+};
+
 struct LayoutAllocation {
   std::uint64_t index = 0;  // allocation order in this process, from 0
   CUdeviceptr base = 0;
   std::size_t size = 0;    // as requested
   std::size_t mapped = 0;  // rounded up to the granularity
   CUdevice device = 0;
+  // A VA reservation (cuMemAddressReserve, e.g. PyTorch's expandable segments): the engine
+  // maps its own memory into it; the layout only chose where it lies.
+  bool reservation = false;
 };
 
 class DeterministicLayout {
  public:
-  DeterministicLayout(LayoutDriver driver, std::uint64_t base);
+  DeterministicLayout(LayoutDriver driver, std::uint64_t base, LayoutObserver* observer = nullptr);
 
   // nullopt: not served here (layout stopped, no context, other device): the caller asks
   // the driver. Otherwise the driver's result of the VMM calls (e.g. OUT_OF_MEMORY).
   std::optional<CUresult> allocate(CUdeviceptr* out, std::size_t size);
   // nullopt: `ptr` is not in the region (the driver's own allocation).
   std::optional<CUresult> free(CUdeviceptr ptr);
+  // A VA reservation of `size` bytes (a multiple of the granularity) aligned to `alignment`
+  // (0: the granularity), next in the sequence. nullopt: not served here (the driver's).
+  std::optional<CUresult> reserve(CUdeviceptr* out, std::size_t size, std::size_t alignment);
+  // cuMemAddressFree of a reservation the layout made. nullopt: not in the region.
+  std::optional<CUresult> release(CUdeviceptr ptr, std::size_t size);
   // The live allocation containing `ptr`.
   std::optional<LayoutAllocation> find(CUdeviceptr ptr) const;
   // Whether `ptr` lies in the region at all (live or freed).
@@ -74,6 +101,9 @@ class DeterministicLayout {
 
   bool active() const;
   std::optional<std::string> stop_reason() const;
+  // Stops serving allocations (those made stay valid); the first reason given is kept.
+  void stop(std::string why);
+  std::uint64_t base() const { return base_; }
   std::uint64_t allocations() const;  // served so far
   // In a forked child: a layout the parent had not used yet starts afresh; one it had used
   // stops (the parent's driver state is not the child's). Never touches the driver.
@@ -85,6 +115,7 @@ class DeterministicLayout {
 
   LayoutDriver driver_;
   const std::uint64_t base_;
+  LayoutObserver* observer_;
   mutable std::mutex mutex_;
   bool reserved_ = false;
   std::optional<std::string> stopped_;

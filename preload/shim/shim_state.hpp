@@ -11,6 +11,11 @@
 //   THAW_PRELOAD_DISABLE=1           pass every call through untouched
 //   THAW_PRELOAD_DETERMINISTIC=0     serve allocations from the driver as usual
 //   THAW_PRELOAD_VA_BASE=0x...       base of the deterministic region (default 0x200000000000)
+//   THAW_PRELOAD_ATTACH=1            run attached to a prewarmed slot of the model the engine
+//                                    opens (cuMemGetInfo answers thawd's budget)
+//   THAW_PRELOAD_READ_TIMEOUT=S      how long a read of a streamed file waits (default 600)
+//   THAW_ENGINE_ID=name              part of the engine's fingerprint (layout records)
+//   THAW_SOCKET=path                 thawd's shim socket (default /run/thaw/thawd.sock)
 #pragma once
 
 #include <atomic>
@@ -38,10 +43,11 @@ struct ShimCounters {
   std::atomic<std::uint64_t> hooks_handed_out{0};
   std::atomic<std::uint64_t> deterministic_allocations{0};
   std::atomic<std::uint64_t> passthrough_allocations{0};
-  std::atomic<std::uint64_t> files_streamed{0};     // opened while still arriving
-  std::atomic<std::uint64_t> reads_waited{0};       // reads and faults that had to wait
-  std::atomic<std::uint64_t> mappings_streamed{0};  // private mappings served by userfaultfd
-  std::atomic<std::uint64_t> bytes_streamed{0};     // installed into them
+  std::atomic<std::uint64_t> layout_divergences{0};  // 0 or 1: the run left its record
+  std::atomic<std::uint64_t> files_streamed{0};      // opened while still arriving
+  std::atomic<std::uint64_t> reads_waited{0};        // reads and faults that had to wait
+  std::atomic<std::uint64_t> mappings_streamed{0};   // private mappings served by userfaultfd
+  std::atomic<std::uint64_t> bytes_streamed{0};      // installed into them
 };
 ShimCounters& counters();
 

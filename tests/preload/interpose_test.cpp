@@ -3,10 +3,14 @@
 // same ABI variant — except that exactly the hooked variants come from the shim; other
 // libraries' names and cuGetExportTable are untouched; allocations land at the same
 // deterministic addresses every run and answer range queries like cuMemAlloc memory; many
-// threads at once and a forked child that uses CUDA work.
+// threads at once and a forked child that uses CUDA work. And HAMi-core's pitfalls, each a
+// test: host-NUMA cuMemCreate is not device memory; the driver's own dlsym lookups are not
+// answered with hooks; no wrong ABI variant; cuGetExportTable untouched.
 #include <cuda.h>
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
+#include <set>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -21,10 +25,11 @@ struct ProbeRun {
   std::string text;
 };
 
-ProbeRun probe(const std::string& args, bool preload, const std::string& env = "") {
+ProbeRun probe(const std::string& args, bool preload, const std::string& env = "",
+               const std::string& binary = PROBE_BIN) {
   std::string cmd = "env PROBE_LIBCUDA=" THAW_EMU_LIBCUDA " " + env + " ";
   if (preload) cmd += "LD_PRELOAD=" THAW_PRELOAD_LIB " ";
-  cmd += PROBE_BIN " " + args + " 2>&1";
+  cmd += binary + " " + args + " 2>&1";
   ProbeRun r;
   FILE* p = ::popen(cmd.c_str(), "r");
   char buf[4096];
@@ -42,11 +47,16 @@ ProbeRun probe(const std::string& args, bool preload, const std::string& env = "
   return r;
 }
 
+// The shim's hooked set (preload/interpose/hook_table.cpp) and its cuGetProcAddress wrappers.
 bool hooked(const std::string& variant) {
-  return variant == "cuMemAlloc_v2" || variant == "cuMemFree_v2" ||
-         variant == "cuMemGetAddressRange_v2" || variant == "cuPointerGetAttribute" ||
-         variant == "cuPointerGetAttributes" || variant == "cuGetProcAddress_v2" ||
-         variant == "cuGetProcAddress";
+  static const std::set<std::string> kHooked = {
+      "cuMemAlloc_v2",         "cuMemFree_v2",           "cuMemGetAddressRange_v2",
+      "cuPointerGetAttribute", "cuPointerGetAttributes", "cuMemcpyHtoD_v2",
+      "cuMemcpyHtoD_v2_ptds",  "cuMemcpyHtoDAsync_v2",   "cuMemcpyHtoDAsync_v2_ptsz",
+      "cuMemGetInfo_v2",       "cuIpcGetMemHandle",      "cuIpcOpenMemHandle_v2",
+      "cuIpcCloseMemHandle",   "cuMemAddressReserve",    "cuMemAddressFree",
+      "cuGetProcAddress_v2",   "cuGetProcAddress"};
+  return kHooked.contains(variant);
 }
 
 TEST(Interposition, LookupsAnswerAsTheDriverDoesWithOnlyTheHookedVariantsSwapped) {
@@ -152,11 +162,84 @@ TEST(Interposition, AForkedChildUsesCudaThroughTheShim) {
   EXPECT_EQ(ptrs[2], 0x200000000000ull);
 }
 
+// The lookup test above checks that cuGetExportTable is the driver's own function; this one
+// calls it, by both lookups (intercepting it hung HAMi-core with driver 570): it returns, with
+// the driver's answers.
+TEST(Interposition, CuGetExportTableAnswersAsTheDriverDoes) {
+  const ProbeRun plain = probe("export-table", false), shimmed = probe("export-table", true);
+  ASSERT_EQ(plain.exit_code, 0) << plain.text;
+  ASSERT_EQ(shimmed.exit_code, 0) << shimmed.text;
+  ASSERT_EQ(plain.lines.size(), 4u) << plain.text;
+  EXPECT_EQ(plain.lines, shimmed.lines) << shimmed.text;
+  EXPECT_EQ(plain.lines[0]["result"], CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(plain.lines[0]["table_null"], true);
+}
+
+// NCCL asks cuMemCreate for host memory (location HOST_NUMA). A shim that took every
+// cuMemCreate for device memory would count it against the device or give it a place in the
+// layout; it must reach the driver untouched, whatever the driver answers.
+TEST(Interposition, HostNumaCuMemCreateGoesToTheDriverUntouched) {
+  const ProbeRun plain = probe("numa", false);
+  const ProbeRun shimmed = probe("numa", true, "THAW_PRELOAD_LOG=1");
+  ASSERT_EQ(plain.exit_code, 0) << plain.text;
+  ASSERT_EQ(shimmed.exit_code, 0) << shimmed.text;
+  auto creates = [](const ProbeRun& r) {
+    std::vector<nlohmann::json> out;
+    for (const auto& l : r.lines) {
+      if (l.contains("create")) out.push_back(l);
+    }
+    return out;
+  };
+  const auto a = creates(plain), b = creates(shimmed);
+  ASSERT_EQ(a.size(), 5u) << plain.text;
+  EXPECT_EQ(a, b) << shimmed.text;  // same result codes, same effect on free device memory
+  // What the emulator answers (emu/src/api_vmm.cpp), so the comparison compares something.
+  auto find = [&](const std::string& name) {
+    for (const auto& l : b) {
+      if (l["create"] == name) return l;
+    }
+    return nlohmann::json();
+  };
+  EXPECT_EQ(find("host_numa")["result"], CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(find("host_numa_fd")["result"], CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(find("host_numa_current")["result"], CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(find("host_numa")["free_delta"], 0);
+  EXPECT_EQ(find("device")["result"], CUDA_SUCCESS);
+  EXPECT_GT(find("device")["free_delta"], 0);
+  // The layout never saw them: the one cuMemAlloc after them is its first allocation.
+  ASSERT_TRUE(shimmed.lines.back().contains("ptr")) << shimmed.text;
+  EXPECT_EQ(shimmed.lines.back()["ptr"], 0x200000000000ull);
+  EXPECT_NE(shimmed.text.find("(deterministic #0)"), std::string::npos) << shimmed.text;
+  EXPECT_EQ(shimmed.text.find("(deterministic #1)"), std::string::npos) << shimmed.text;
+}
+
+// Real libcuda calls dlsym itself. The emulator does too in cuInit — of names the shim hooks,
+// through a handle to itself — and refuses to initialise if the answer is not its own function
+// (emu/src/api_init.cpp): under the shim, cuInit must still succeed, both when the program
+// named the driver to the shim first (dlopen + dlsym, as the CUDA runtime does) and when it
+// never did (a program linked against libcuda.so.1 whose first driver call is cuInit).
+TEST(Interposition, TheDriversOwnLookupsAreNotAnsweredWithHooks) {
+  for (const std::string binary : {PROBE_BIN, PROBE_LINKED_BIN}) {
+    SCOPED_TRACE(binary);
+    const ProbeRun plain = probe("init", false, "", binary);
+    const ProbeRun shimmed = probe("init", true, "", binary);
+    ASSERT_EQ(plain.exit_code, 0) << plain.text;
+    ASSERT_EQ(shimmed.exit_code, 0) << shimmed.text;
+    ASSERT_EQ(plain.lines.size(), 1u) << plain.text;
+    ASSERT_EQ(shimmed.lines.size(), 1u) << shimmed.text;
+    EXPECT_EQ(plain.lines[0]["cuInit"], CUDA_SUCCESS) << plain.text;
+    EXPECT_EQ(shimmed.lines[0]["cuInit"], CUDA_SUCCESS) << shimmed.text;
+    EXPECT_EQ(shimmed.text.find("thaw-emu:"), std::string::npos) << shimmed.text;
+  }
+}
+
 TEST(Interposition, DisabledShimPassesEverythingThrough) {
   const ProbeRun r = probe("lookups", true, "THAW_PRELOAD_DISABLE=1");
   ASSERT_EQ(r.exit_code, 0) << r.text;
   for (const auto& l : r.lines) {
-    if (l.contains("got")) EXPECT_NE(l["got"][1], "libthaw-preload.so") << l.dump();
+    if (l.contains("got")) {
+      EXPECT_NE(l["got"][1], "libthaw-preload.so") << l.dump();
+    }
   }
 }
 

@@ -9,6 +9,16 @@
 //   preload_probe fork      resolve the driver, fork before initialising it (as engines
 //                           that fork workers do: CUDA is not fork-safe once initialised);
 //                           child and parent each initialise and allocate
+//   preload_probe export-table   cuGetExportTable called, as the CUDA runtime does first
+//                           thing, through both lookups: each call's result (SIGALRM after
+//                           20 s: a hang fails instead of stalling the suite)
+//   preload_probe numa      cuMemCreate of host-NUMA memory (as NCCL asks for it) next to a
+//                           device-memory control: result and free-memory change of each,
+//                           then one cuMemAlloc
+//   preload_probe init      cuInit alone. Built as preload_probe_linked (PROBE_LINKED_DRIVER:
+//                           linked against libcuda.so.1) it calls cuInit directly before any
+//                           lookup, as a linked program does: nothing has told the shim where
+//                           the driver is when the driver's own cuInit calls dlsym
 #include <cuda.h>
 #include <dlfcn.h>
 #include <sys/wait.h>
@@ -208,18 +218,98 @@ void forked() {
               WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
 }
 
+void export_table() {
+  ::alarm(20);
+  using GetExportTable = CUresult (*)(const void**, const CUuuid*);
+  const auto by_proc_address = get<GetExportTable>("cuGetExportTable");
+  const auto by_dlsym = reinterpret_cast<GetExportTable>(::dlsym(g_handle, "cuGetExportTable"));
+  if (by_dlsym == nullptr) std::exit(3);
+  CUuuid some_table{};
+  for (int i = 0; i < 16; ++i) some_table.bytes[i] = static_cast<char>(0x10 + i);
+  const CUuuid zero{};
+  struct Call {
+    const char* name;
+    GetExportTable fn;
+    const CUuuid* id;
+    bool out;
+  };
+  const Call calls[] = {{"proc_address", by_proc_address, &some_table, true},
+                        {"dlsym", by_dlsym, &some_table, true},
+                        {"dlsym_zero_uuid", by_dlsym, &zero, true},
+                        {"dlsym_null_out", by_dlsym, &some_table, false}};
+  for (const Call& c : calls) {
+    const void* table = reinterpret_cast<const void*>(0x1);
+    const CUresult r = c.fn(c.out ? &table : nullptr, c.id);
+    std::printf("{\"export_table\":\"%s\",\"result\":%d,\"table_null\":%s}\n", c.name, r,
+                table == nullptr ? "true" : "false");
+  }
+}
+
+void numa() {
+  Api api;
+  api.start();
+  auto create = get<decltype(&cuMemCreate)>("cuMemCreate");
+  auto release = get<decltype(&cuMemRelease)>("cuMemRelease");
+  auto granularity = get<decltype(&cuMemGetAllocationGranularity)>("cuMemGetAllocationGranularity");
+  auto mem_info = get<decltype(&cuMemGetInfo_v2)>("cuMemGetInfo");
+  struct Case {
+    const char* name;
+    CUmemLocationType type;
+    unsigned long long handle_types;
+  };
+  const Case cases[] = {
+      {"host_numa", CU_MEM_LOCATION_TYPE_HOST_NUMA, 0},
+      {"host_numa_fd", CU_MEM_LOCATION_TYPE_HOST_NUMA, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR},
+      {"host_numa_current", CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT, 0},
+      {"host", CU_MEM_LOCATION_TYPE_HOST, 0},
+      {"device", CU_MEM_LOCATION_TYPE_DEVICE, 0},  // the control: this one is device memory
+  };
+  CUmemAllocationProp device_prop{};
+  device_prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  device_prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  size_t size = 0;
+  check(granularity(&size, &device_prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "granularity");
+  for (const Case& c : cases) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = {c.type, 0};  // NUMA node 0; ignored for HOST and HOST_NUMA_CURRENT
+    prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(c.handle_types);
+    size_t free_before = 0, free_after = 0, total = 0;
+    check(mem_info(&free_before, &total), "cuMemGetInfo");
+    CUmemGenericAllocationHandle h = 0;
+    const CUresult r = create(&h, size, &prop, 0);
+    check(mem_info(&free_after, &total), "cuMemGetInfo");
+    if (r == CUDA_SUCCESS) check(release(h), "cuMemRelease");
+    std::printf("{\"create\":\"%s\",\"result\":%d,\"free_delta\":%lld}\n", c.name, r,
+                static_cast<long long>(free_before) - static_cast<long long>(free_after));
+  }
+  api.alloc_and_report(1 << 20, true);
+}
+
+void init() {
+  auto cu_init = get<decltype(&cuInit)>("cuInit");
+  std::printf("{\"cuInit\":%d}\n", cu_init(0));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* path = std::getenv("PROBE_LIBCUDA");
-  g_handle = ::dlopen(path != nullptr ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (path == nullptr) path = "libcuda.so.1";
+  const std::string mode = argc > 1 ? argv[1] : "lookups";
+#ifdef PROBE_LINKED_DRIVER
+  if (mode == "init") {
+    std::printf("{\"cuInit\":%d}\n", ::cuInit(0));
+    return 0;
+  }
+#endif
+  g_handle = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (g_handle == nullptr) {
     std::fprintf(stderr, "dlopen: %s\n", ::dlerror());
     return 2;
   }
   g_gpa = reinterpret_cast<GetProcAddress>(::dlsym(g_handle, "cuGetProcAddress_v2"));
   if (g_gpa == nullptr) return 2;
-  const std::string mode = argc > 1 ? argv[1] : "lookups";
   if (mode == "lookups") {
     lookups();
   } else if (mode == "alloc") {
@@ -228,6 +318,12 @@ int main(int argc, char** argv) {
     threads();
   } else if (mode == "fork") {
     forked();
+  } else if (mode == "export-table") {
+    export_table();
+  } else if (mode == "numa") {
+    numa();
+  } else if (mode == "init") {
+    init();
   } else {
     return 2;
   }

@@ -6,7 +6,9 @@
 //   refengine generate --model DIR --tokens 1,2,3 [--prompt TEXT] [--max-tokens N] [--json]
 //   refengine serve    --model DIR [--port 8000]
 //   (either, one stage of a pipeline) --pp-rank K --pp-size N --pp-peers h:p,h:p,...
+//   (either) --engine-core-process: the engine runs in a forked child, as vLLM V1's EngineCore
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -21,6 +23,7 @@
 
 #include "allocator.hpp"
 #include "engine.hpp"
+#include "engine_core_process.hpp"
 #include "scheduler.hpp"
 #include "server.hpp"
 #include "timeline.hpp"
@@ -76,7 +79,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   EngineOptions eo;
   std::string timeline_path, module_api = "library", peers;
-  bool all_positions = false;
+  bool all_positions = false, engine_core_process = false;
 
   auto add_engine_options = [&](CLI::App* c) {
     c->add_option("--model", eo.model, "model directory (config.json + safetensors, HF layout)")
@@ -124,6 +127,11 @@ int main(int argc, char** argv) {
     c->add_option("--pp-connect-timeout", eo.pipeline.connect_timeout_s,
                   "seconds to wait for the other stages")
         ->capture_default_str();
+    c->add_flag("--engine-core-process", engine_core_process,
+                "run the engine in a child process, as vLLM V1 runs its EngineCore: this process "
+                "reads the options and prompts, forks before any CUDA call and waits; the child "
+                "initialises the driver, loads the model, runs and writes every result, and this "
+                "process exits with its status (128 + N if signal N killed it)");
   };
 
   auto* gen = app.add_subcommand("generate", "generate completions for prompts and exit");
@@ -206,6 +214,10 @@ int main(int argc, char** argv) {
         throw std::runtime_error("no prompts: give --tokens, --prompt or --prompts-file");
     }
 
+    if (engine_core_process) {
+      if (std::optional<int> status = fork_engine_core_process()) return *status;
+      timeline.mark("engine_core_process", {{"pid", ::getpid()}, {"parent_pid", ::getppid()}});
+    }
     Engine engine(eo, timeline);
     if (eo.pipeline.rank > 0) {
       engine.run_worker();

@@ -34,6 +34,7 @@ TEST(ThawdConfig, EveryKeyIsRead) {
   auto c = parse_config(R"(
 [node]
 id = "gpu-7"
+state_dir = "/srv/thaw-state"
 [store]
 cache_dir = "/dev/shm/thaw"
 cache_budget = "1.5GiB"
@@ -53,6 +54,7 @@ listen = "127.0.0.1:9400"
                         "full.toml");
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_EQ(c->node_id, "gpu-7");
+  EXPECT_EQ(c->state_dir, "/srv/thaw-state");
   EXPECT_EQ(c->cache_dir, "/dev/shm/thaw");
   EXPECT_EQ(c->cache_budget_bytes, 3ull << 29);
   EXPECT_EQ(c->registry, "http://127.0.0.1:8080/models");
@@ -83,6 +85,7 @@ TEST(ThawdConfig, ErrorsNameFileLineKeyAndFix) {
       {"[store]\nconnections = 0\n", {":2:", "store.connections", "1..256"}},
       {"[store]\nconnections = \"8\"\n", {":2:", "store.connections", "integer"}},
       {"[store]\ncache_dir = \"relative/dir\"\n", {":2:", "store.cache_dir", "absolute"}},
+      {"[node]\nstate_dir = \"state\"\n", {":2:", "node.state_dir", "absolute"}},
       {"[gpu]\npool_share = 1.5\n", {":2:", "gpu.pool_share", "(0, 1]"}},
       {"[shim]\nallow_groups = \"thaw\"\n", {":2:", "shim.allow_groups", "array"}},
       {"[shim]\nallow_groups = [\"thaw\", 3]\n", {":2:", "shim.allow_groups", "group name"}},

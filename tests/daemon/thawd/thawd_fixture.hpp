@@ -42,6 +42,7 @@ class ThawdFixture : public ::testing::Test {
     if (!bus_) bus_ = std::make_unique<PrivateBus>(dir_.path(), policy);
     if (metrics_port_ == 0) metrics_port_ = store::testing::free_loopback_port();
     std::ofstream(dir_.path() / "thawd.toml")
+        << "[node]\nstate_dir = \"" << (dir_.path() / "state").string() << "\"\n"
         << "[store]\ncache_dir = \"" << (dir_.path() / "cache").string()
         << "\"\ncache_budget = \"256MiB\"\nregistry = \""
         << (registry_ ? registry_->server().base_url() : "") << "\"\nmax_rate = \"" << max_rate
