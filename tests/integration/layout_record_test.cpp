@@ -70,13 +70,13 @@ class LayoutRecordWithThawd : public ThawdFixture {
     std::string shim_log;
   };
   Run run_shimmed(const std::string& tag, std::vector<std::string> args,
-                  const std::string& extra_env = "") {
+                  const std::string& extra_env = "", const std::string& binary = REFENGINE_BIN) {
     const fs::path shim_log = dir_.path() / (tag + ".shim.log");
     const std::string env =
         "LD_PRELOAD=" THAW_PRELOAD_LIB " THAW_SOCKET=" + socket_path().string() +
         " THAW_PRELOAD_LOG=" + shim_log.string() + " " + extra_env;
     Run r;
-    r.engine = refengine_test::run_engine(args, env);
+    r.engine = refengine_test::run_engine(args, env, binary);
     r.shim_log = thaw::testing::slurp(shim_log);
     return r;
   }
@@ -220,9 +220,11 @@ TEST_F(LayoutRecordWithThawd, EightEnginesAtOnceUnderOneThawdStreamingTheModel) 
   std::vector<std::future<Run>> runs;
   for (int i = 0; i < 8; ++i) {
     runs.push_back(std::async(std::launch::async, [this, i] {
-      // A fixed KV cache: eight engines share the emulated device's memory.
+      // A fixed KV cache: eight engines share the emulated device's memory. Both ways of
+      // reaching the driver, alternately.
       return run_shimmed("many" + std::to_string(i),
-                         engine_args(model(), {"--num-gpu-blocks-override", "32"}));
+                         engine_args(model(), {"--num-gpu-blocks-override", "32"}), "",
+                         i % 2 ? REFENGINE_LINKED_BIN : REFENGINE_BIN);
     }));
   }
   for (auto& f : runs) {
