@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <atomic>
 
 #include <cstdlib>
 #include <filesystem>
@@ -65,7 +66,8 @@ inline std::string engine_command(const std::vector<std::string>& args,
 
 inline EngineRun run_engine(const std::vector<std::string>& args, const std::string& env_extra = {},
                             const std::string& binary = REFENGINE_BIN) {
-  static int counter = 0;
+  // Atomic: suites run several engines at once from threads, each needs its own directory.
+  static std::atomic<int> counter{0};
   const fs::path dir = fs::temp_directory_path() / ("refengine_run_" + std::to_string(::getpid()) +
                                                     "_" + std::to_string(counter++));
   fs::create_directories(dir);
