@@ -819,6 +819,48 @@ VmmResult<void> GpuMemory::confirm_import(std::uint64_t token) {
   return {};
 }
 
+VmmResult<std::size_t> GpuMemory::free_weight_pages(SlotId id,
+                                                    std::span<const std::uint64_t> offsets) {
+  if (auto ok = make_current(); !ok) return std::unexpected(ok.error());
+  std::lock_guard lock(mutex_);
+  auto found = require_locked(id);
+  if (!found) return std::unexpected(found.error());
+  Slot& s = **found;
+  if (s.state != SlotState::prewarmed && s.state != SlotState::active) {
+    return vmm_failure(VmmErrc::bad_state, fmt::format("slot {} is {}; only a prewarmed or active "
+                                                       "slot's weight pages can be freed",
+                                                       id, to_string(s.state)));
+  }
+  const std::size_t page = pool_->page_bytes();
+  const std::size_t weight_pages = pages_for(s.weight_bytes, page);
+  std::size_t freed = 0;
+  for (std::uint64_t offset : offsets) {
+    const std::size_t index = static_cast<std::size_t>(offset / page);
+    if (offset % page != 0 || index >= weight_pages) {
+      return vmm_failure(VmmErrc::invalid_argument,
+                         fmt::format("slot {}: {} is not the offset of a page of its weights "
+                                     "region ({} pages of {} bytes)",
+                                     id, offset, weight_pages, page));
+    }
+    if (!s.va->page_at(index)) continue;  // freed already
+    auto p = s.va->unmap(index);
+    if (!p) return std::unexpected(p.error());
+    pool_->release(std::span(&*p, 1));
+    s.loaded_bytes = std::min<std::uint64_t>(s.loaded_bytes, offset);
+    ++freed;
+  }
+  bool any_weights = false;
+  for (std::size_t i = 0; i < weight_pages && !any_weights; ++i)
+    any_weights = s.va->page_at(i).has_value();
+  if (!any_weights && s.state == SlotState::prewarmed && s.va->mapped_count() == 0) {
+    s.state = SlotState::empty;
+    s.weight_bytes = s.loaded_bytes = 0;
+    s.layers_resident = -1;
+  }
+  changed_.notify_all();
+  return freed;
+}
+
 // --- background --------------------------------------------------------------------------
 
 void GpuMemory::post(std::function<void()> job) {

@@ -44,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,6 +156,11 @@ class GpuMemory {
 
   VmmResult<ExportedRange> export_range(SlotId slot, std::uint64_t offset, std::uint64_t length);
   VmmResult<void> confirm_import(std::uint64_t token);
+  // An engine that copied a slot's weights into memory of its own (weight injection's copy
+  // mode) is done with these pages of the weights region (offsets from the slot's base, one
+  // per page): they are unmapped and freed, the slot's resident prefix ends at the first of
+  // them, and a slot left with no weight page mapped is empty. Returns the pages freed.
+  VmmResult<std::size_t> free_weight_pages(SlotId slot, std::span<const std::uint64_t> offsets);
 
   void wait_idle();  // until the background thread has nothing queued or running
   std::vector<SlotInfo> slots() const;

@@ -65,13 +65,15 @@ std::string_view to_string(MessageType type) {
       return "import_ipc";
     case MessageType::ipc:
       return "ipc";
+    case MessageType::free_pages:
+      return "free_pages";
   }
   return "unknown";
 }
 
 bool is_known(std::uint16_t type) {
   return type >= static_cast<std::uint16_t>(MessageType::hello) &&
-         type <= static_cast<std::uint16_t>(MessageType::ipc);
+         type <= static_cast<std::uint16_t>(MessageType::free_pages);
 }
 
 std::expected<std::vector<std::byte>, std::string> encode(const Message& message) {

@@ -19,15 +19,21 @@
 //   open_file {model, path}                         → file {size, chunk_size, chunk_count,
 //                                                      complete} + fds [data, readiness]
 //   attach_slot {model}                             → slot {slot, gpu, weight_bytes, token,
-//                                                      budget_bytes,
-//                                                      layout: [{slot_offset, file,
-//                                                      file_offset, bytes, layer}],
-//                                                      page_messages}
+//                                                      budget_bytes, resident_bytes,
+//                                                      page_bytes, layout_kind ("packed" |
+//                                                      "engine"), record_fingerprint,
+//                                                      layout_bytes, page_messages} + fd: the
+//                                                      layout, a JSON array of [slot_offset,
+//                                                      file, file_offset, bytes, layer] rows
 //                                                     then page_messages × slot_pages
 //                                                      {pages: [{slot_offset, bytes}]} + one
 //                                                      fd per page (at most kMaxFdsPerMessage)
 //   imported {slot, token}                          → ok   (the pages are mapped: unpin)
-//   release {slot}                                  → ok   (the engine is done with it)
+//   free_pages {slot, offsets: [n, ...]}            → ok {freed}  (the engine copied those
+//                                                      pages' bytes out; thawd frees them)
+//   release {slot, handback}                        → ok   (the engine is done with it;
+//                                                      handback: it exits normally and the
+//                                                      slot may stay prewarmed)
 //   report_artifact {kind, identity, bytes} + fd    → ok {key}  (the fd: the artifact, a JSON
 //                                                      document of `bytes` bytes, e.g. a
 //                                                      memfd; kept in thawd's state dir)
@@ -81,6 +87,7 @@ enum class MessageType : std::uint16_t {
   export_ipc = 16,
   import_ipc = 17,
   ipc = 18,
+  free_pages = 19,
 };
 std::string_view to_string(MessageType type);
 bool is_known(std::uint16_t type);

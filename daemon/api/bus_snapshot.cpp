@@ -54,6 +54,7 @@ BusSnapshot take_snapshot(const ManagerInfo& manager, const NodeService& service
                                        {"ResidentBytes", slot.resident_bytes},
                                        {"TotalBytes", slot.total_bytes},
                                        {"Owner", slot.owner},
+                                       {"Layout", slot.layout},
                                        {"Error", slot.error}}};
   }
   for (const ModelStatus& m : service.models()) {

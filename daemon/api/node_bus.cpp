@@ -87,6 +87,7 @@ std::expected<std::unique_ptr<NodeBus>, std::string> NodeBus::start(
       THAW_PROPERTY("ResidentBytes", "t", kEmitsChange),
       THAW_PROPERTY("TotalBytes", "t", kEmitsChange),
       THAW_PROPERTY("Owner", "s", kEmitsChange),
+      THAW_PROPERTY("Layout", "s", kEmitsChange),
       THAW_PROPERTY("Error", "s", kEmitsChange),
       SD_BUS_VTABLE_END,
   };

@@ -175,4 +175,30 @@ ServiceResult<StoredArtifact> ArtifactStore::get(const ArtifactIdentity& identit
   return StoredArtifact{k, std::move(fd), static_cast<std::uint64_t>(st.st_size)};
 }
 
+std::optional<std::string> ArtifactStore::newest_for_model(const std::string& kind,
+                                                           const std::string& model) const {
+  std::error_code ec;
+  std::optional<std::string> best;
+  fs::file_time_type best_time{};
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(kind + "-") || !name.ends_with(".json")) continue;
+    std::error_code stat_ec;
+    const auto size = e.file_size(stat_ec);
+    const auto time = e.last_write_time(stat_ec);
+    if (stat_ec || size > kMaxArtifactBytes || (best && time <= best_time)) continue;
+    UniqueFd fd(::open(e.path().c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) continue;
+    auto text = read_all(fd.get(), size);
+    if (!text) continue;
+    auto doc = nlohmann::json::parse(*text, nullptr, false);
+    if (doc.is_discarded() || !doc.is_object()) continue;
+    auto id = doc.find("identity");
+    if (id == doc.end() || !id->is_object() || id->value("model", std::string()) != model) continue;
+    best = std::move(*text);
+    best_time = time;
+  }
+  return best;
+}
+
 }  // namespace thaw::daemon

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <expected>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -58,6 +59,11 @@ class ArtifactStore {
   // Stores the `bytes` bytes readable at offset 0 of `fd` (a memfd from the shim).
   ServiceResult<std::string> put(const ArtifactIdentity& identity, int fd, std::uint64_t bytes);
   ServiceResult<StoredArtifact> get(const ArtifactIdentity& identity) const;
+
+  // The newest artifact of `kind` recorded for model `model` by any engine (its document),
+  // or nullopt. Documents that do not parse, or are over the size cap, are skipped.
+  std::optional<std::string> newest_for_model(const std::string& kind,
+                                              const std::string& model) const;
 
   const std::filesystem::path& directory() const { return dir_; }
 

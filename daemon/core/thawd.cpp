@@ -91,6 +91,10 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   const ManagerInfo info = d->manager_info();
   notifier.status("listening on the shim socket " + c.socket_path.string());
   d->artifacts_ = std::make_unique<ArtifactStore>(c.state_dir);
+  // Once an engine recorded where it puts a model's bytes, prewarms use that layout.
+  d->service_->set_engine_layouts([store = d->artifacts_.get()](const std::string& key) {
+    return store->newest_for_model("layout", key);
+  });
   auto shim = ShimServer::start(c.socket_path, *d->service_, *d->artifacts_, *d->access_,
                                 info.node_id, d->event_);
   if (!shim) return std::unexpected(shim.error());

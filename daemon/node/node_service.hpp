@@ -8,11 +8,17 @@
 //                         and resumes from the cache's verified chunks)
 //   prewarm(model, gpu)   a new slot on the GPU, filled from the cache as chunks arrive
 //                         (starting the fetch when the model is not cached yet); the copy
-//                         runs on a background thread, the call returns the slot id at once
+//                         runs on a background thread, the call returns the slot id at once.
+//                         The slot holds the model in the engine layout an engine recorded
+//                         (when one did: set_engine_layouts), else packed; optionally only
+//                         its first k layers (partial prewarm)
 //   activate/deactivate/evict(slot)
 //   open_file(model, path)  a cached file and its readiness map, for the shim
-//   attach(model, owner)  descriptors of a prewarmed slot's pages, for the shim; what an
-//                         owner holds is given back by release_owner (also when it dies)
+//   attach(model, owner)  descriptors of a prewarmed slot's pages, for the shim; while the
+//                         engine runs the slot is its (free_pages gives back pages it copied
+//                         out); release_owner ends that: a clean hand-back keeps the slot
+//                         prewarmed for the next engine, anything else (a crash, pages
+//                         already given back) evicts it
 //
 // Model keys are the cache's (registry name with '/' as "--"); slot ids are "g<gpu>s<n>".
 //
@@ -26,6 +32,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,6 +72,8 @@ struct SlotStatus {
   std::uint64_t total_bytes = 0;
   std::string owner;  // "pid 1234" of the shim client holding it, or ""
   std::string error;
+  std::string layout;  // "packed" or "engine" (an engine's recorded layout); "" before known
+  int layers = -1;     // a partial prewarm's layer count; -1: the whole model
 };
 
 struct GpuStatus {
@@ -78,8 +87,11 @@ struct GpuStatus {
 struct NodeCounters {
   std::atomic<std::uint64_t> fetched_bytes_critical{0};
   std::atomic<std::uint64_t> fetched_bytes_background{0};
-  std::atomic<std::uint64_t> prewarm_hits{0};    // shim attach found a prewarmed slot
-  std::atomic<std::uint64_t> prewarm_misses{0};  // ... and did not
+  std::atomic<std::uint64_t> prewarm_hits{0};        // shim attach found a prewarmed slot
+  std::atomic<std::uint64_t> prewarm_misses{0};      // ... and did not
+  std::atomic<std::uint64_t> engine_layout_hits{0};  // ... the hit was in an engine layout
+  std::atomic<std::uint64_t> handbacks{0};           // an engine's exit left its slot prewarmed
+  std::atomic<std::uint64_t> discards{0};            // an engine's slot was evicted when it went
   std::atomic<std::uint64_t> activations{0};
   std::atomic<std::uint64_t> fetches_started{0};
   std::atomic<std::uint64_t> fetches_failed{0};
@@ -104,9 +116,16 @@ struct AttachedSlot {
   // answers): this slot's pages plus the pool's free pages — not other slots' pages, which
   // thawd keeps prewarmed for other models.
   std::uint64_t budget_bytes = 0;
-  vmm::ExportedRange pages;  // the caller owns the fds
+  std::uint64_t resident_bytes = 0;  // prefix of the layout whose bytes are in the pages
+  std::uint64_t page_bytes = 0;
+  std::string layout_kind;         // "packed" or "engine"
+  std::string record_fingerprint;  // engine layout: the record it was built from
+  vmm::ExportedRange pages;        // the caller owns the fds
   std::vector<vmm::LayoutPiece> layout;
 };
+
+// The text of the newest layout record an engine left for a model (cache key), if any.
+using EngineLayoutLookup = std::function<std::optional<std::string>(const std::string& key)>;
 
 struct NodeServiceConfig {
   std::string registry;  // address (store.registry); "" = none configured
@@ -124,7 +143,12 @@ class NodeService {
   void set_config(NodeServiceConfig config);  // SIGHUP: used by fetches started from now on
 
   ServiceResult<std::string> fetch(const std::string& model);
-  ServiceResult<std::string> prewarm(const std::string& model, std::optional<std::uint32_t> gpu);
+  // Where prewarms find engine layouts (thawd: its artifact store). Unset: always packed.
+  void set_engine_layouts(EngineLayoutLookup lookup);
+
+  // `layers`: only embeddings and the first k layers (WarmServe's partial prewarm).
+  ServiceResult<std::string> prewarm(const std::string& model, std::optional<std::uint32_t> gpu,
+                                     std::optional<int> layers = std::nullopt);
   ServiceResult<void> activate(const std::string& slot, std::uint64_t kv_bytes);
   ServiceResult<void> deactivate(const std::string& slot);
   ServiceResult<void> evict(const std::string& slot);
@@ -138,9 +162,16 @@ class NodeService {
   ServiceResult<OpenedFile> open_file(const std::string& model, const std::string& path);
   ServiceResult<AttachedSlot> attach(const std::string& model, const std::string& owner);
   ServiceResult<void> confirm_import(const std::string& slot, std::uint64_t token);
+  // The owner copied these pages' bytes out (offsets from the slot's base): they are freed.
+  ServiceResult<std::size_t> free_pages(const std::string& owner, const std::string& slot,
+                                        const std::vector<std::uint64_t>& offsets);
   // Gives back what `owner` holds (of one slot, or of all when `slot` is empty): exports
-  // not yet confirmed are unpinned, the slots released. Returns the slots released.
-  std::size_t release_owner(const std::string& owner, const std::string& slot = "");
+  // not yet confirmed are unpinned, the slots released. With `handback` (the engine exited
+  // normally and vouches that it did not write its weights) a slot whose pages are all still
+  // there stays prewarmed for the next engine; otherwise it is evicted. Returns the slots
+  // released.
+  std::size_t release_owner(const std::string& owner, const std::string& slot = "",
+                            bool handback = false);
 
   // Joins finished fetch and prewarm threads, destroys slots whose eviction finished.
   void reap();
@@ -168,12 +199,15 @@ class NodeService {
   void reap_slots_locked(std::vector<std::thread>& done);
   SlotStatus slot_status_locked(const SlotRecord& record) const;
   void changed() { changes_.fetch_add(1); }
+  // Evicts an engine's slot when it is released without a clean hand-back.
+  void discard_locked(SlotRecord& record);
 
   store::HostCache& cache_;
   std::vector<vmm::GpuMemory*> gpus_;
 
   mutable std::mutex mutex_;
   NodeServiceConfig config_;
+  EngineLayoutLookup engine_layouts_;
   std::map<std::string, std::shared_ptr<FetchJob>> fetches_;  // by key, latest run
   std::map<std::string, std::shared_ptr<SlotRecord>> slots_;  // by slot id
   std::vector<std::thread> finished_threads_;

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -83,6 +84,10 @@ struct NodeService::SlotRecord {
   std::map<std::uint64_t, bool> exports;  // token → confirmed
   std::vector<vmm::LayoutPiece> layout;
   std::uint64_t weight_bytes = 0;
+  std::optional<int> layers;       // partial prewarm
+  std::string layout_kind;         // "packed" / "engine", once the prewarm chose
+  std::string record_fingerprint;  // engine layout: which record
+  bool pages_freed = false;        // the owner gave pages back: no hand-back possible
 };
 
 }  // namespace thaw::daemon

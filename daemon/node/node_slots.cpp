@@ -9,9 +9,38 @@
 #include "daemon/node/node_service.hpp"
 #include "daemon/node/node_service_state.hpp"
 #include "daemon/prewarm/cache_weight_source.hpp"
+#include "daemon/prewarm/engine_layout.hpp"
 #include "daemon/store/cache/cache_layout.hpp"
 
 namespace thaw::daemon {
+
+namespace {
+
+// The engine layout an engine recorded for this model when there is one that fits the cached
+// copy, else the packed layout (said in the journal when a record was refused).
+vmm::VmmResult<vmm::WeightLayout> choose_layout(const safetensors::Model& model,
+                                                const std::string& key,
+                                                const EngineLayoutLookup& lookup, std::string& kind,
+                                                std::string& fingerprint) {
+  if (lookup) {
+    if (auto text = lookup(key)) {
+      auto engine = engine_layout_from_record(*text, model);
+      if (engine) {
+        kind = "engine";
+        fingerprint = engine->fingerprint;
+        return std::move(engine->layout);
+      }
+      log(LogLevel::warning,
+          fmt::format("{}: {}; prewarming the packed layout", key, engine.error().message),
+          {{"MODEL", key}});
+    }
+  }
+  kind = "packed";
+  fingerprint.clear();
+  return vmm::WeightLayout::packed(model);
+}
+
+}  // namespace
 
 std::string NodeService::slot_id(std::uint32_t gpu, vmm::SlotId slot) {
   return fmt::format("g{}s{}", gpu, slot);
@@ -29,10 +58,21 @@ ServiceResult<std::pair<std::uint32_t, vmm::SlotId>> NodeService::parse_slot_loc
   return std::pair{it->second->gpu, it->second->slot};
 }
 
+void NodeService::set_engine_layouts(EngineLayoutLookup lookup) {
+  std::lock_guard lock(mutex_);
+  engine_layouts_ = std::move(lookup);
+}
+
 ServiceResult<std::string> NodeService::prewarm(const std::string& model,
-                                                std::optional<std::uint32_t> gpu) {
+                                                std::optional<std::uint32_t> gpu,
+                                                std::optional<int> layers) {
   auto key = key_for(model);
   if (!key) return std::unexpected(key.error());
+  if (layers && *layers < 0) {
+    return service_error(
+        error_name::kInvalidArgument,
+        fmt::format("cannot prewarm {} layers; give 0 (embeddings only) or more", *layers));
+  }
   bool cached_complete = false;
   for (const store::CachedModelInfo& m : cache_.models()) {
     if (m.key != *key || m.files.empty()) continue;
@@ -84,6 +124,7 @@ ServiceResult<std::string> NodeService::prewarm(const std::string& model,
   record->gpu = index;
   record->slot = *slot;
   record->key = *key;
+  record->layers = layers;
   record->thread = std::thread([this, record, job] { run_prewarm(record, job); });
   slots_[record->id] = record;
   changed();
@@ -94,6 +135,13 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
   std::string error;
   std::vector<vmm::LayoutPiece> pieces;
   std::uint64_t extent = 0;
+  std::string kind = "packed";
+  std::string fingerprint;
+  EngineLayoutLookup lookup;
+  {
+    std::lock_guard lock(mutex_);
+    lookup = engine_layouts_;
+  }
   if (job) error = job->wait_for_plan();
   if (error.empty()) {
     // Pinned while its bytes are copied: eviction from the cache must wait.
@@ -104,11 +152,13 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
       error = pin.error().message;
     } else if (!model) {
       error = model.error().message;
-    } else if (auto layout = vmm::WeightLayout::packed(*model); !layout) {
+    } else if (auto layout = choose_layout(*model, record->key, lookup, kind, fingerprint);
+               !layout) {
       error = layout.error().message;
     } else {
       CacheWeightSource source(cache_, record->key);
       vmm::PrewarmOptions options;
+      options.layers = record->layers;
       options.on_progress = [this](std::uint64_t, std::uint64_t) { changed(); };
       if (auto report = gpus_[record->gpu]->prewarm(record->slot, *layout, source, options);
           !report) {
@@ -124,7 +174,9 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
   const std::string gpu = std::to_string(record->gpu);
   if (error.empty()) {
     log(LogLevel::info,
-        fmt::format("slot {}: {} prewarmed ({} bytes)", record->id, record->key, extent),
+        fmt::format("slot {}: {} prewarmed in its {} layout ({} bytes{})", record->id, record->key,
+                    kind, extent,
+                    record->layers ? fmt::format(", layers below {}", *record->layers) : ""),
         {{"MODEL", record->key}, {"SLOT", record->id}, {"GPU", gpu}});
   } else {
     log(LogLevel::warning,
@@ -137,6 +189,10 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
   record->error = std::move(error);
   record->layout = std::move(pieces);
   record->weight_bytes = extent;
+  if (record->error.empty()) {
+    record->layout_kind = kind;
+    record->record_fingerprint = fingerprint;
+  }
   changed();
 }
 
@@ -246,6 +302,8 @@ SlotStatus NodeService::slot_status_locked(const SlotRecord& r) const {
   s.model = r.key;
   s.owner = r.owner;
   s.error = r.error;
+  s.layout = r.layout_kind;
+  s.layers = r.layers.value_or(-1);
   if (auto info = gpus_[r.gpu]->slot(r.slot)) {
     s.state = std::string(vmm::to_string(info->state));
     s.resident_bytes = info->loaded_bytes;
@@ -297,44 +355,60 @@ ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
   auto key = key_for(model);
   if (!key) return std::unexpected(key.error());
   std::lock_guard lock(mutex_);
+  // A free slot of the model, fully prewarmed if there is one, else the one with the most
+  // resident (a partial prewarm: the rest streams through the engine's own copies).
   SlotRecord* found = nullptr;
+  std::uint64_t found_resident = 0;
   for (auto& [id, record] : slots_) {
     if (record->key != *key || record->prewarming || record->evicting || !record->owner.empty()) {
       continue;
     }
     auto info = gpus_[record->gpu]->slot(record->slot);
-    if (info && info->complete() &&
-        (info->state == vmm::SlotState::prewarmed || info->state == vmm::SlotState::active)) {
+    if (!info || info->loaded_bytes == 0 ||
+        (info->state != vmm::SlotState::prewarmed && info->state != vmm::SlotState::active)) {
+      continue;
+    }
+    const std::uint64_t resident = std::min(info->loaded_bytes, info->weight_bytes);
+    if (found == nullptr || resident > found_resident) {
       found = record.get();
-      break;
+      found_resident = resident;
     }
   }
   if (found == nullptr) {
     counters_.prewarm_misses.fetch_add(1);
     return service_error(error_name::kNotPrewarmed,
-                         fmt::format("no free, fully prewarmed slot holds {} (prewarm one: "
+                         fmt::format("no free, prewarmed slot holds {} (prewarm one: "
                                      "thawctl prewarm {})",
                                      *key, model));
   }
-  auto range = gpus_[found->gpu]->export_range(found->slot, 0, found->weight_bytes);
+  auto range = gpus_[found->gpu]->export_range(found->slot, 0, found_resident);
   if (!range) {
     return service_error(error_name::kGpu,
                          fmt::format("exporting slot {}: {}", found->id, range.error().message));
   }
   counters_.prewarm_hits.fetch_add(1);
+  if (found->layout_kind == "engine") counters_.engine_layout_hits.fetch_add(1);
   found->owner = owner;
   found->exports[range->token] = false;
   AttachedSlot out;
   out.slot = found->id;
   out.gpu = found->gpu;
   out.weight_bytes = found->weight_bytes;
+  out.resident_bytes = found_resident;
   out.token = range->token;
   const vmm::PoolInfo pool = gpus_[found->gpu]->pool();
+  out.page_bytes = pool.page_bytes;
   std::uint64_t slot_bytes = 0;
   for (const auto& page : range->pages) slot_bytes += page.bytes;
   out.budget_bytes = static_cast<std::uint64_t>(pool.free) * pool.page_bytes + slot_bytes;
   out.pages = std::move(*range);
   out.layout = found->layout;
+  out.layout_kind = found->layout_kind;
+  out.record_fingerprint = found->record_fingerprint;
+  log(LogLevel::info,
+      fmt::format("slot {}: {} attached to {} ({} layout, {} of {} bytes resident)", found->id,
+                  found->key, owner, found->layout_kind, found_resident, found->weight_bytes),
+      {{"MODEL", found->key}, {"SLOT", found->id}, {"GPU", std::to_string(found->gpu)}});
   changed();
   return out;
 }
@@ -353,7 +427,42 @@ ServiceResult<void> NodeService::confirm_import(const std::string& id, std::uint
   return {};
 }
 
-std::size_t NodeService::release_owner(const std::string& owner, const std::string& slot) {
+ServiceResult<std::size_t> NodeService::free_pages(const std::string& owner, const std::string& id,
+                                                   const std::vector<std::uint64_t>& offsets) {
+  std::lock_guard lock(mutex_);
+  auto it = slots_.find(id);
+  if (it == slots_.end() || it->second->owner != owner) {
+    return service_error(error_name::kUnknownSlot,
+                         fmt::format("this engine holds no slot \"{}\"", id));
+  }
+  SlotRecord& record = *it->second;
+  record.pages_freed = true;
+  auto freed = gpus_[record.gpu]->free_weight_pages(record.slot, offsets);
+  if (!freed) {
+    return service_error(error_name::kGpu,
+                         fmt::format("freeing pages of slot {}: {}", id, freed.error().message));
+  }
+  changed();
+  return *freed;
+}
+
+void NodeService::discard_locked(SlotRecord& record) {
+  vmm::GpuMemory& gpu = *gpus_[record.gpu];
+  auto info = gpu.slot(record.slot);
+  if (!info) return;
+  if (info->state == vmm::SlotState::active) (void)gpu.deactivate(record.slot);
+  if (info->state == vmm::SlotState::empty || gpu.evict(record.slot)) {
+    record.evicting = true;  // reap() destroys it once empty
+  }
+  counters_.discards.fetch_add(1);
+  log(LogLevel::info,
+      fmt::format("slot {}: {} evicted as its engine went without handing it back", record.id,
+                  record.key),
+      {{"MODEL", record.key}, {"SLOT", record.id}, {"GPU", std::to_string(record.gpu)}});
+}
+
+std::size_t NodeService::release_owner(const std::string& owner, const std::string& slot,
+                                       bool handback) {
   std::lock_guard lock(mutex_);
   std::size_t released = 0;
   for (auto& [id, record] : slots_) {
@@ -364,6 +473,15 @@ std::size_t NodeService::release_owner(const std::string& owner, const std::stri
     }
     record->exports.clear();
     record->owner.clear();
+    if (handback && !record->pages_freed) {
+      counters_.handbacks.fetch_add(1);
+      log(LogLevel::info,
+          fmt::format("slot {}: {} handed back by {}: prewarmed for the next engine", id,
+                      record->key, owner),
+          {{"MODEL", record->key}, {"SLOT", id}, {"GPU", std::to_string(record->gpu)}});
+    } else {
+      discard_locked(*record);
+    }
     changed();
   }
   return released;

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/proto/document_fd.hpp"
 #include "daemon/log/log.hpp"
 
 namespace thaw::daemon {
@@ -268,27 +269,30 @@ bool ShimServer::handle(Connection& c, proto::Received& in) {
       const std::size_t total = slot->pages.pages.size();
       const std::size_t messages =
           (total + proto::kMaxFdsPerMessage - 1) / proto::kMaxFdsPerMessage;
+      // The layout of a big model exceeds a message: it goes as a memfd.
       nlohmann::json layout = nlohmann::json::array();
       for (const auto& piece : slot->layout) {
-        layout.push_back({{"slot_offset", piece.slot_offset},
-                          {"file", piece.file},
-                          {"file_offset", piece.file_offset},
-                          {"bytes", piece.bytes},
-                          {"layer", piece.layer}});
+        layout.push_back(
+            {piece.slot_offset, piece.file, piece.file_offset, piece.bytes, piece.layer});
       }
-      // The layout of a big model can exceed one message; it is optional for a client that
-      // knows it (the shim recorded it), so it is left out rather than failing the attach.
+      const std::string layout_text = layout.dump();
+      auto layout_fd = proto::document_memfd("thaw-slot-layout", layout_text);
+      if (!layout_fd) {
+        service_.release_owner(c.owner, slot->slot);
+        return reply_error(c, m, ServiceError{error_name::kState, layout_fd.error()});
+      }
       nlohmann::json body = {{"slot", slot->slot},
                              {"gpu", slot->gpu},
                              {"weight_bytes", slot->weight_bytes},
+                             {"resident_bytes", slot->resident_bytes},
+                             {"page_bytes", slot->page_bytes},
+                             {"layout_kind", slot->layout_kind},
+                             {"record_fingerprint", slot->record_fingerprint},
                              {"token", slot->token},
                              {"page_messages", messages},
-                             {"layout", std::move(layout)},
+                             {"layout_bytes", layout_text.size()},
                              {"budget_bytes", slot->budget_bytes}};
-      if (body.dump().size() + proto::kHeaderBytes > proto::kMaxMessageBytes) {
-        body["layout"] = nullptr;
-      }
-      if (!send(c, reply_of(MessageType::slot, std::move(body)))) return false;
+      if (!send(c, reply_of(MessageType::slot, std::move(body)), {layout_fd->get()})) return false;
       for (std::size_t first = 0; first < total; first += proto::kMaxFdsPerMessage) {
         const std::size_t end = std::min(total, first + proto::kMaxFdsPerMessage);
         nlohmann::json pages = nlohmann::json::array();
@@ -304,6 +308,19 @@ bool ShimServer::handle(Connection& c, proto::Received& in) {
       }
       return true;
     }
+    case MessageType::free_pages: {
+      auto slot = text_field(m.body, "slot");
+      auto offsets = m.body.find("offsets");
+      if (!slot || offsets == m.body.end() || !offsets->is_array()) return false;
+      std::vector<std::uint64_t> list;
+      for (const auto& o : *offsets) {
+        if (!o.is_number_unsigned()) return false;
+        list.push_back(o.get<std::uint64_t>());
+      }
+      auto freed = service_.free_pages(c.owner, *slot, list);
+      if (!freed) return reply_error(c, m, freed.error());
+      return send(c, reply_of(MessageType::ok, {{"freed", *freed}}));
+    }
     case MessageType::imported: {
       auto slot = text_field(m.body, "slot");
       auto token = m.body.find("token");
@@ -316,7 +333,9 @@ bool ShimServer::handle(Connection& c, proto::Received& in) {
     case MessageType::release: {
       auto slot = text_field(m.body, "slot");
       if (!slot) return false;
-      if (service_.release_owner(c.owner, *slot) == 0) {
+      auto handback = m.body.find("handback");
+      const bool keep = handback != m.body.end() && handback->is_boolean() && handback->get<bool>();
+      if (service_.release_owner(c.owner, *slot, keep) == 0) {
         return reply_error(c, m,
                            ServiceError{error_name::kUnknownSlot,
                                         fmt::format("this connection holds no slot {}", *slot)});

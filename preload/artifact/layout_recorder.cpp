@@ -88,6 +88,7 @@ std::optional<std::string> LayoutRecorder::lookup_locked() {
   }
   recorded_count_ = record->allocations.size();
   check_.emplace(std::move(record->allocations));
+  fingerprint_ = layout::record_fingerprint(*text);
   // Allocations made before the identity was known are checked now.
   for (std::uint64_t i = 0; i < live_.allocations.size(); ++i) {
     const RecordedAllocation& a = live_.allocations[i];
@@ -133,6 +134,12 @@ LayoutRecorder::Outcome LayoutRecorder::finish() {
   return Outcome::stored;
 }
 
+std::optional<std::string> LayoutRecorder::record_fingerprint() const {
+  std::lock_guard lock(mutex_);
+  if (diverged_) return std::nullopt;
+  return fingerprint_;
+}
+
 bool LayoutRecorder::diverged() const {
   std::lock_guard lock(mutex_);
   return diverged_.has_value();
@@ -157,6 +164,7 @@ void LayoutRecorder::reset_after_fork() {
   check_.reset();
   recorded_count_ = 0;
   diverged_.reset();
+  fingerprint_.reset();
   finished_ = false;
 }
 

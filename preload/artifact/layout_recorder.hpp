@@ -20,10 +20,18 @@
 #include <optional>
 #include <string>
 
-#include "preload/artifact/layout_record.hpp"
+#include "common/layout/layout_record.hpp"
 #include "preload/layout/deterministic_layout.hpp"
 
 namespace thaw::preload {
+
+using layout::layout_record_from_json;
+using layout::LayoutIdentity;
+using layout::LayoutRecord;
+using layout::RecordedAllocation;
+using layout::RecordedCopy;
+using layout::RecordedMemInfo;
+using layout::SequenceCheck;
 
 struct RecorderEnvironment {
   std::string engine;  // the engine's fingerprint
@@ -62,6 +70,9 @@ class LayoutRecorder : public LayoutObserver {
 
   bool diverged() const;
   bool has_record() const;  // a record was found for this run
+  // The fingerprint of the record this run follows (layout::record_fingerprint of its
+  // text); nullopt without one, or once the run left it.
+  std::optional<std::string> record_fingerprint() const;
   LayoutRecord snapshot() const;
 
   // In a forked child: a fresh run (the parent's allocations are not the child's).
@@ -80,6 +91,7 @@ class LayoutRecorder : public LayoutObserver {
   std::optional<SequenceCheck> check_;
   std::uint64_t recorded_count_ = 0;
   std::optional<std::string> diverged_;
+  std::optional<std::string> fingerprint_;
   bool finished_ = false;
 };
 

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/proto/document_fd.hpp"
 #include "common/proto/seqpacket.hpp"
 #include "preload/shim/shim_state.hpp"
 
@@ -48,7 +49,7 @@ class Connection {
     return std::move(*in);
   }
 
-  // attach_slot, its page messages (their descriptors are closed: not mapped yet), then
+  // attach_slot (+ the layout's memfd), its page messages (+ the pages' fds), then
   // `imported` — one exchange under the lock, so no other request interleaves.
   std::optional<AttachedSlot> attach(const std::string& model) {
     std::lock_guard lock(mutex_);
@@ -65,12 +66,36 @@ class Connection {
       return std::nullopt;
     }
     const nlohmann::json& body = in->message.body;
-    AttachedSlot out{body.value("slot", std::string()),
-                     body.value("budget_bytes", std::uint64_t{0})};
+    AttachedSlot out;
+    out.slot = body.value("slot", std::string());
+    out.budget_bytes = body.value("budget_bytes", std::uint64_t{0});
+    SlotGrant& g = out.grant;
+    g.slot = out.slot;
+    g.model = model;
+    g.layout_kind = body.value("layout_kind", std::string());
+    g.record_fingerprint = body.value("record_fingerprint", std::string());
+    g.page_bytes = body.value("page_bytes", std::uint64_t{0});
+    g.resident_bytes = body.value("resident_bytes", std::uint64_t{0});
+    if (in->fds.size() == 1) {
+      auto text =
+          proto::read_document(in->fds[0].get(), body.value("layout_bytes", std::uint64_t{0}));
+      auto rows = text ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+      if (rows.is_array()) {
+        for (const auto& r : rows) {
+          if (!r.is_array() || r.size() < 4 || !r[1].is_string()) continue;
+          g.pieces.push_back(SlotPiece{r[0].get<std::uint64_t>(), r[1].get<std::string>(),
+                                       r[2].get<std::uint64_t>(), r[3].get<std::uint64_t>()});
+        }
+      }
+    }
     const std::uint64_t token = body.value("token", std::uint64_t{0});
     for (std::uint64_t i = 0, n = body.value("page_messages", std::uint64_t{0}); i < n; ++i) {
       auto pages = proto::receive_message(fd_.get());
       if (!pages) return drop_locked(pages.error().message);
+      const nlohmann::json list = pages->message.body.value("pages", nlohmann::json::array());
+      for (std::size_t k = 0; k < list.size() && k < pages->fds.size(); ++k) {
+        g.pages[list[k].value("slot_offset", std::uint64_t{0})] = std::move(pages->fds[k]);
+      }
     }
     proto::Message imported;
     imported.type = proto::MessageType::imported;
@@ -177,18 +202,6 @@ std::optional<proto::Received> expect_reply(proto::Message m, proto::MessageType
   return reply;
 }
 
-std::optional<std::string> read_fd(int fd, std::uint64_t bytes) {
-  std::string out(bytes, '\0');
-  std::uint64_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::pread(fd, out.data() + done, bytes - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return std::nullopt;
-    done += static_cast<std::uint64_t>(n);
-  }
-  return out;
-}
-
 }  // namespace
 
 std::optional<std::string> daemon_get_artifact(const std::string& kind,
@@ -199,24 +212,19 @@ std::optional<std::string> daemon_get_artifact(const std::string& kind,
   auto reply = expect_reply(std::move(m), proto::MessageType::artifact);
   if (!reply || reply->fds.size() != 1) return std::nullopt;
   const std::uint64_t bytes = reply->message.body.value("bytes", std::uint64_t{0});
-  return read_fd(reply->fds[0].get(), bytes);
+  auto text = proto::read_document(reply->fds[0].get(), bytes);
+  if (!text) return std::nullopt;
+  return std::move(*text);
 }
 
 bool daemon_report_artifact(const std::string& kind, const nlohmann::json& identity,
                             const std::string& document) {
-  UniqueFd memfd(::memfd_create("thaw-artifact", MFD_CLOEXEC));
+  auto memfd = proto::document_memfd("thaw-artifact", document);
   if (!memfd) return false;
-  std::size_t done = 0;
-  while (done < document.size()) {
-    const ssize_t n = ::write(memfd.get(), document.data() + done, document.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<std::size_t>(n);
-  }
   proto::Message m;
   m.type = proto::MessageType::report_artifact;
   m.body = {{"kind", kind}, {"identity", identity}, {"bytes", document.size()}};
-  return expect_reply(std::move(m), proto::MessageType::ok, {memfd.get()}).has_value();
+  return expect_reply(std::move(m), proto::MessageType::ok, {memfd->get()}).has_value();
 }
 
 void daemon_report_counters(const nlohmann::json& counters) {
@@ -253,6 +261,21 @@ std::optional<AttachedSlot> daemon_attach_slot(const std::string& model) {
 
 void daemon_after_fork_in_child() {
   Connection::get().after_fork_in_child();
+}
+
+void daemon_free_pages(const std::string& slot, const std::vector<std::uint64_t>& offsets) {
+  proto::Message m;
+  m.type = proto::MessageType::free_pages;
+  m.body = {{"slot", slot}, {"offsets", offsets}};
+  (void)expect_reply(std::move(m), proto::MessageType::ok);
+}
+
+void daemon_release_slot(const std::string& slot, bool handback) {
+  if (!Connection::get().connected()) return;
+  proto::Message m;
+  m.type = proto::MessageType::release;
+  m.body = {{"slot", slot}, {"handback", handback}};
+  (void)expect_reply(std::move(m), proto::MessageType::ok);
 }
 
 }  // namespace thaw::preload

@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/fd/unique_fd.hpp"
+#include "preload/inject/weight_injector.hpp"
 
 namespace thaw::preload {
 
@@ -38,19 +40,26 @@ void daemon_report_counters(const nlohmann::json& counters);
 std::optional<std::uint64_t> daemon_export_ipc(int fd, std::uint64_t bytes);
 std::optional<UniqueFd> daemon_import_ipc(std::uint64_t token);
 
-// Attaches this engine to a prewarmed slot of `model` (attach_slot, then `imported`):
-// thawd then counts the slot's pages as the engine's until it exits. Part 1 of the shim
-// does not map the pages yet (weight injection will); what it uses is the budget thawd
-// grants — the slot's pages plus the pool's free pages — which cuMemGetInfo answers from.
-// nullopt: no thawd, or no prewarmed slot of that model (thawd's message is logged).
+// Attaches this engine to a prewarmed slot of `model` (attach_slot, its page messages, then
+// `imported`): thawd then counts the slot's pages as the engine's until it releases them or
+// exits. What comes back is what weight injection needs (preload/inject) and the budget
+// cuMemGetInfo answers from (the slot's pages plus the pool's free pages). nullopt: no
+// thawd, or no prewarmed slot of that model (thawd's message is logged).
 struct AttachedSlot {
   std::string slot;
   std::uint64_t budget_bytes = 0;
+  SlotGrant grant;
 };
 std::optional<AttachedSlot> daemon_attach_slot(const std::string& model);
 
 // In a forked child: the parent's connection is the parent's. The child closes its copy
 // (without a word on it) and connects afresh when it needs thawd.
 void daemon_after_fork_in_child();
+
+// Weight injection's copy mode is done with these pages of `slot` (offsets from its base).
+void daemon_free_pages(const std::string& slot, const std::vector<std::uint64_t>& offsets);
+// Ends this engine's hold on `slot`; `handback`: it exits normally and the slot's pages
+// still hold the model, so thawd may keep it prewarmed.
+void daemon_release_slot(const std::string& slot, bool handback);
 
 }  // namespace thaw::preload

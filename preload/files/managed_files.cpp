@@ -16,6 +16,7 @@
 
 #include "preload/daemon/daemon_client.hpp"
 #include "preload/hooks/engine_memory.hpp"
+#include "preload/hooks/injector_instance.hpp"
 #include "preload/hooks/recorder_instance.hpp"
 #include "preload/shim/shim_state.hpp"
 
@@ -53,6 +54,9 @@ void attach_once(const std::string& model) {
     set_memory_budget(slot->budget_bytes);
     debug("attached to slot {} of {}: cuMemGetInfo answers a budget of {} bytes", slot->slot, model,
           slot->budget_bytes);
+    debug("slot {} holds {} of its layout's bytes in a {} layout ({} pages)", slot->slot,
+          slot->grant.resident_bytes, slot->grant.layout_kind, slot->grant.pages.size());
+    install_injector(std::move(slot->grant));
   } else {
     notice_once("attach", "THAW_PRELOAD_ATTACH: no prewarmed slot of " + model +
                               " to attach to; cuMemGetInfo answers the driver's numbers");

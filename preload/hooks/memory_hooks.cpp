@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "preload/hooks/engine_memory.hpp"
+#include "preload/hooks/injector_instance.hpp"
 #include "preload/hooks/layout_instance.hpp"
 #include "preload/hooks/recorder_instance.hpp"
 #include "preload/interpose/hook_table.hpp"
@@ -37,6 +38,9 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
   DeterministicLayout* layout = layout_instance();
+  // An attached engine's injector becomes the layout's page backing before the weights'
+  // allocations (it is built once the driver is loaded).
+  (void)injector_instance();
   if (layout != nullptr) {
     if (auto r = layout->allocate(dptr, bytesize)) {
       if (*r == CUDA_SUCCESS) {
@@ -116,6 +120,8 @@ CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   if (r != CUDA_SUCCESS || ReentryGuard::inside() || free == nullptr || total == nullptr) return r;
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
+  // The engine sizes its KV cache now: slot pages whose bytes it copied go back first.
+  if (WeightInjector* injector = injector_instance()) injector->poll();
   if (auto budget = memory_budget()) {
     const std::uint64_t used = engine_bytes();
     const std::uint64_t left = *budget > used ? *budget - used : 0;

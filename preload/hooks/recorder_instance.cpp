@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "preload/daemon/daemon_client.hpp"
+#include "preload/hooks/injector_instance.hpp"
 #include "preload/hooks/layout_instance.hpp"
 #include "preload/interpose/real_driver.hpp"
 #include "preload/shim/shim_state.hpp"
@@ -95,6 +96,7 @@ void report_at_exit() {
         break;
     }
   }
+  finish_injection_at_exit();
   const ShimCounters& c = counters();
   daemon_report_counters({{"calls_intercepted", c.calls_intercepted.load()},
                           {"deterministic_allocations", c.deterministic_allocations.load()},

@@ -90,25 +90,61 @@ std::optional<CUresult> DeterministicLayout::allocate(CUdeviceptr* out, std::siz
     }
   }
   const CUdeviceptr va = base_ + cursor_;
+  bool backed = false;
+  if (CUresult r = map_locked(va, mapped, device, backed); r != CUDA_SUCCESS) return r;
+  cursor_ += mapped;
+  live_[va] = LayoutAllocation{next_index_++, va, size, mapped, device, false, backed};
+  if (observer_ != nullptr) observer_->served(live_[va]);
+  *out = va;
+  return CUDA_SUCCESS;
+}
+
+CUresult DeterministicLayout::map_locked(CUdeviceptr va, std::uint64_t mapped, CUdevice device,
+                                         bool& backed) {
   const CUmemAllocationProp prop = device_prop(device);
-  CUmemGenericAllocationHandle handle = 0;
-  if (CUresult r = driver_.mem_create(&handle, mapped, &prop, 0); r != CUDA_SUCCESS) return r;
-  CUresult r = driver_.mem_map(va, mapped, 0, handle, 0);
-  (void)driver_.mem_release(handle);  // the mapping keeps the memory
-  if (r != CUDA_SUCCESS) return r;
+  auto backing_at = [&](std::uint64_t at) -> std::optional<CUmemGenericAllocationHandle> {
+    if (backing_ == nullptr) return std::nullopt;
+    return backing_->page_at(va - base_ + at, granularity_);
+  };
+  std::uint64_t at = 0;
+  CUresult r = CUDA_SUCCESS;
+  while (at < mapped && r == CUDA_SUCCESS) {
+    std::uint64_t length = granularity_;
+    if (auto page = backing_at(at)) {
+      r = driver_.mem_map(va + at, length, 0, *page, 0);
+      backed = backed || r == CUDA_SUCCESS;
+    } else {
+      std::optional<CUmemGenericAllocationHandle> next;
+      while (at + length < mapped && !(next = backing_at(at + length))) length += granularity_;
+      CUmemGenericAllocationHandle handle = 0;
+      r = driver_.mem_create(&handle, length, &prop, 0);
+      if (r == CUDA_SUCCESS) {
+        r = driver_.mem_map(va + at, length, 0, handle, 0);
+        (void)driver_.mem_release(handle);  // the mapping keeps the memory
+      }
+      if (r == CUDA_SUCCESS && next) {
+        // The backed page found while measuring the run comes next; asking again would
+        // hand it out twice.
+        at += length;
+        length = granularity_;
+        r = driver_.mem_map(va + at, length, 0, *next, 0);
+        backed = backed || r == CUDA_SUCCESS;
+      }
+    }
+    if (r == CUDA_SUCCESS) at += length;
+  }
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = device;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (r = driver_.mem_set_access(va, mapped, &access, 1); r != CUDA_SUCCESS) {
-    (void)driver_.mem_unmap(va, mapped);
-    return r;
-  }
-  cursor_ += mapped;
-  live_[va] = LayoutAllocation{next_index_++, va, size, mapped, device};
-  if (observer_ != nullptr) observer_->served(live_[va]);
-  *out = va;
-  return CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS) r = driver_.mem_set_access(va, mapped, &access, 1);
+  if (r != CUDA_SUCCESS && at != 0) (void)driver_.mem_unmap(va, at);
+  return r;
+}
+
+void DeterministicLayout::set_backing(PageBacking* backing) {
+  std::lock_guard lock(mutex_);
+  backing_ = backing;
 }
 
 std::optional<CUresult> DeterministicLayout::free(CUdeviceptr ptr) {

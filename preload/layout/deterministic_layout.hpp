@@ -69,6 +69,18 @@ class LayoutObserver {
   virtual void served(const LayoutAllocation& allocation) = 0;
 };
 
+// Physical pages to map at given region offsets instead of fresh memory: weight injection's
+// zero-copy mode hands the layout the pages of a slot thawd prewarmed in this engine's
+// recorded layout. Consulted under the layout's lock, once per granularity page of each
+// allocation; the handle stays the backing's (the layout maps it and never releases it).
+class PageBacking {
+ public:
+  virtual ~PageBacking() = default;
+  // `granularity`: the region's page size, which the backing's pages must have.
+  virtual std::optional<CUmemGenericAllocationHandle> page_at(std::uint64_t region_offset,
+                                                              std::uint64_t granularity) = 0;
+};
+
 struct LayoutAllocation {
   std::uint64_t index = 0;  // allocation order in this process, from 0
   CUdeviceptr base = 0;
@@ -78,6 +90,8 @@ struct LayoutAllocation {
   // A VA reservation (cuMemAddressReserve, e.g. PyTorch's expandable segments): the engine
   // maps its own memory into it; the layout only chose where it lies.
   bool reservation = false;
+  // Some of its pages are a PageBacking's (a prewarm slot's), not fresh memory.
+  bool backed = false;
 };
 
 class DeterministicLayout {
@@ -99,6 +113,9 @@ class DeterministicLayout {
   // Whether `ptr` lies in the region at all (live or freed).
   bool in_region(CUdeviceptr ptr) const;
 
+  // From now on, allocations map the backing's pages where it has them (nullptr: none).
+  void set_backing(PageBacking* backing);
+
   bool active() const;
   std::optional<std::string> stop_reason() const;
   // Stops serving allocations (those made stay valid); the first reason given is kept.
@@ -111,11 +128,16 @@ class DeterministicLayout {
 
  private:
   bool ensure_region_locked(CUdevice device);
+  // Maps [va, va + mapped): the backing's pages where it has them, fresh memory (one
+  // cuMemCreate per run of pages) elsewhere; read-write for `device`. On failure nothing
+  // stays mapped.
+  CUresult map_locked(CUdeviceptr va, std::uint64_t mapped, CUdevice device, bool& backed);
   void stop_locked(std::string why);
 
   LayoutDriver driver_;
   const std::uint64_t base_;
   LayoutObserver* observer_;
+  PageBacking* backing_ = nullptr;  // under mutex_
   mutable std::mutex mutex_;
   bool reserved_ = false;
   std::optional<std::string> stopped_;

@@ -154,16 +154,24 @@ int slots(sd_bus* bus, const Options& o) {
         }
         return r;
       });
+  // Which layout each slot holds, and which engine holds it: from the slot objects.
+  nlohmann::json slots = out;
+  for (auto& s : slots) {
+    const nlohmann::json p = get_all(bus, s["path"].get<std::string>(), "org.thaw.Node1.Slot");
+    s["layout"] = p.value("Layout", std::string());
+    s["owner"] = p.value("Owner", std::string());
+  }
   if (o.json) {
-    fmt::print("{}\n", out.dump());
+    fmt::print("{}\n", slots.dump());
     return kExitOk;
   }
-  fmt::print("{:<8} {:<4} {:<32} {:<10} {:>12} {:>12}\n", "SLOT", "GPU", "MODEL", "STATE",
-             "RESIDENT", "TOTAL");
-  for (const auto& s : out) {
-    fmt::print("{:<8} {:<4} {:<32} {:<10} {:>12} {:>12}\n", s["id"].get<std::string>(),
+  fmt::print("{:<8} {:<4} {:<32} {:<10} {:<7} {:>12} {:>12} {}\n", "SLOT", "GPU", "MODEL", "STATE",
+             "LAYOUT", "RESIDENT", "TOTAL", "OWNER");
+  for (const auto& s : slots) {
+    fmt::print("{:<8} {:<4} {:<32} {:<10} {:<7} {:>12} {:>12} {}\n", s["id"].get<std::string>(),
                s["gpu"].get<uint32_t>(), s["model"].get<std::string>(),
-               s["state"].get<std::string>(), bytes(s["resident_bytes"]), bytes(s["total_bytes"]));
+               s["state"].get<std::string>(), s["layout"].get<std::string>(),
+               bytes(s["resident_bytes"]), bytes(s["total_bytes"]), s["owner"].get<std::string>());
   }
   if (out.empty()) fmt::print("(no prewarm slots: thawctl prewarm MODEL makes one)\n");
   return kExitOk;

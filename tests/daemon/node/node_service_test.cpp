@@ -109,11 +109,50 @@ TEST_F(NodeServiceTest, AttachIsExclusiveUntilTheOwnerIsReleased) {
   EXPECT_EQ(service_->confirm_import(*slot, a->token + 1).error().name,
             error_name::kInvalidArgument);
   EXPECT_EQ(service_->release_owner("pid 2"), 0u);
-  EXPECT_EQ(service_->release_owner("pid 1"), 1u);
-  EXPECT_EQ(service_->counters().prewarm_hits.load(), 1u);
+  // A clean hand-back keeps the slot prewarmed for the next engine.
+  EXPECT_EQ(service_->release_owner("pid 1", "", /*handback=*/true), 1u);
+  EXPECT_EQ(slot_state(*slot), "prewarmed");
+  EXPECT_EQ(service_->counters().handbacks.load(), 1u);
+  auto b = service_->attach("gpt-syn", "pid 3");
+  ASSERT_TRUE(b) << b.error().message;
+  for (const auto& p : b->pages.pages) ::close(p.fd);
+  // Without one (the engine crashed, or could not vouch for the pages) it is evicted.
+  EXPECT_EQ(service_->release_owner("pid 3"), 1u);
+  EXPECT_EQ(service_->counters().discards.load(), 1u);
+  EXPECT_EQ(service_->counters().prewarm_hits.load(), 2u);
   EXPECT_EQ(service_->counters().prewarm_misses.load(), 1u);
-  ASSERT_TRUE(service_->evict(*slot));
-  EXPECT_TRUE(until([&] { return !service_->slot(*slot).has_value(); }));
+  EXPECT_TRUE(until([&] {
+    service_->reap();
+    return !service_->slot(*slot).has_value();
+  }));
+  EXPECT_EQ(gpu_->pool().free, gpu_->pool().pages);
+}
+
+TEST_F(NodeServiceTest, PagesAnEngineCopiedOutAreFreedAndItsSlotIsNotHandedBack) {
+  auto slot = service_->prewarm("gpt-syn", 0);
+  ASSERT_TRUE(slot);
+  ASSERT_TRUE(until([&] { return slot_state(*slot) == "prewarmed"; }));
+  const std::size_t free_before = gpu_->pool().free;
+  auto a = service_->attach("gpt-syn", "pid 1");
+  ASSERT_TRUE(a) << a.error().message;
+  ASSERT_GE(a->pages.pages.size(), 2u);
+  for (const auto& p : a->pages.pages) ::close(p.fd);
+  EXPECT_EQ(a->layout_kind, "packed");
+  EXPECT_EQ(a->resident_bytes, a->weight_bytes);
+  EXPECT_EQ(service_->free_pages("pid 2", *slot, {0}).error().name, error_name::kUnknownSlot);
+  EXPECT_EQ(service_->free_pages("pid 1", *slot, {1}).error().name, error_name::kGpu)
+      << "not a page offset";
+  auto freed = service_->free_pages("pid 1", *slot, {0, a->page_bytes});
+  ASSERT_TRUE(freed) << freed.error().message;
+  EXPECT_EQ(*freed, 2u);
+  EXPECT_EQ(gpu_->pool().free, free_before + 2);
+  EXPECT_EQ(service_->slot(*slot).value().resident_bytes, 0u) << "its prefix is gone";
+  // Asking for a hand-back does not keep a slot that gave pages away.
+  EXPECT_EQ(service_->release_owner("pid 1", "", /*handback=*/true), 1u);
+  EXPECT_TRUE(until([&] {
+    service_->reap();
+    return !service_->slot(*slot).has_value();
+  }));
   EXPECT_EQ(gpu_->pool().free, gpu_->pool().pages);
 }
 

@@ -4,7 +4,8 @@
 //   - the allocation sequence (size of each cuMemAlloc the layout served, and the offset
 //     from the region's base it landed at),
 //   - the H2D copy map (which bytes of which model file were copied to which allocation
-//     offset — what weight injection will need to know is already on the GPU),
+//     offset: thawd prewarms a slot in this "engine layout", whose pages the shim then maps
+//     at the engine's own allocations — weight injection's zero-copy mode),
 //   - the cuMemGetInfo answers the engine got (what it sized its KV cache by).
 //
 // A later run checks each allocation against the record (SequenceCheck) and leaves
@@ -16,11 +17,12 @@
 #include <expected>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-namespace thaw::preload {
+namespace thaw::layout {
 
 struct LayoutIdentity {
   std::string engine;  // fingerprint of the program (engine_fingerprint())
@@ -81,6 +83,11 @@ struct LayoutRecord {
 
 std::expected<LayoutRecord, std::string> layout_record_from_json(const nlohmann::json& doc);
 
+// A short name for one stored record's exact text (64-bit FNV-1a, hex): thawd tells the
+// shim which record a slot's engine layout was built from, and the shim compares it with the
+// record it is checking its own allocations against.
+std::string record_fingerprint(std::string_view document);
+
 // Compares a live allocation sequence with a record, one allocation at a time.
 class SequenceCheck {
  public:
@@ -97,4 +104,4 @@ class SequenceCheck {
   std::vector<RecordedAllocation> recorded_;
 };
 
-}  // namespace thaw::preload
+}  // namespace thaw::layout

@@ -1,12 +1,12 @@
 // The layout record's logic: its JSON form round-trips, rejects what is not a record, merges
 // contiguous copies, and SequenceCheck finds the first allocation that differs.
-#include "preload/artifact/layout_record.hpp"
+#include "common/layout/layout_record.hpp"
 
 #include <gtest/gtest.h>
 
 namespace {
 
-using namespace thaw::preload;
+using namespace thaw::layout;
 
 LayoutRecord sample() {
   LayoutRecord r;

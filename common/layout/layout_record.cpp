@@ -1,8 +1,8 @@
-#include "preload/artifact/layout_record.hpp"
+#include "common/layout/layout_record.hpp"
 
 #include <fmt/format.h>
 
-namespace thaw::preload {
+namespace thaw::layout {
 
 nlohmann::json LayoutIdentity::to_json() const {
   return {{"engine", engine}, {"model", model}, {"gpu", gpu}, {"driver", driver}};
@@ -118,4 +118,13 @@ std::optional<std::string> SequenceCheck::check(std::uint64_t index, std::uint64
   return std::nullopt;
 }
 
-}  // namespace thaw::preload
+std::string record_fingerprint(std::string_view document) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : document) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+}  // namespace thaw::layout
