@@ -36,7 +36,11 @@ BusSnapshot take_snapshot(const ManagerInfo& manager, const NodeService& service
                                {"State", manager.state()},
                                {"CacheBytesUsed", manager.cache_bytes_used()},
                                {"CacheBudgetBytes", manager.cache_budget_bytes},
-                               {"GpuCount", static_cast<std::uint32_t>(gpus.size())}}};
+                               {"GpuCount", static_cast<std::uint32_t>(gpus.size())},
+                               {"PrewarmHits", service.counters().prewarm_hits.load()},
+                               {"PrewarmMisses", service.counters().prewarm_misses.load()},
+                               {"EngineLayoutHits", service.counters().engine_layout_hits.load()},
+                               {"Handbacks", service.counters().handbacks.load()}}};
   for (const GpuStatus& g : gpus) {
     s[gpu_path(g.index)] = BusObject{kGpuInterface,
                                      {{"Index", g.index},

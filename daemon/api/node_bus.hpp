@@ -63,6 +63,7 @@ class NodeBus {
   // Methods (node_bus_methods.cpp).
   static int method_fetch(sd_bus_message* m, void* self, sd_bus_error* error);
   static int method_prewarm(sd_bus_message* m, void* self, sd_bus_error* error);
+  static int method_prewarm_layers(sd_bus_message* m, void* self, sd_bus_error* error);
   static int method_activate(sd_bus_message* m, void* self, sd_bus_error* error);
   static int method_deactivate(sd_bus_message* m, void* self, sd_bus_error* error);
   static int method_evict(sd_bus_message* m, void* self, sd_bus_error* error);

@@ -73,6 +73,21 @@ int NodeBus::method_prewarm(sd_bus_message* m, void* self, sd_bus_error* error) 
   return sd_bus_reply_method_return(m, "o", slot_path(*slot).c_str());
 }
 
+int NodeBus::method_prewarm_layers(sd_bus_message* m, void* self, sd_bus_error* error) {
+  NodeBus* b = self_of(self);
+  const char* model = nullptr;
+  int32_t gpu = -1;
+  int32_t layers = -1;
+  if (int r = sd_bus_message_read(m, "sii", &model, &gpu, &layers); r < 0) return r;
+  if (int r = b->authorize(m, "PrewarmLayers", error); r < 0) return r;
+  std::optional<std::uint32_t> which;
+  if (gpu >= 0) which = static_cast<std::uint32_t>(gpu);
+  auto slot = b->service_.prewarm(model, which, layers);
+  if (!slot) return fail(error, slot.error());
+  b->refresh();
+  return sd_bus_reply_method_return(m, "o", slot_path(*slot).c_str());
+}
+
 int NodeBus::method_activate(sd_bus_message* m, void* self, sd_bus_error* error) {
   NodeBus* b = self_of(self);
   const char* slot = nullptr;

@@ -45,6 +45,15 @@ std::string render_openmetrics(const NodeService& service, const ShimCounters& s
   w.sample("thaw_prewarm_hits_total", c.prewarm_hits.load());
   w.family("thaw_prewarm_misses", "counter", "Engine attaches that found no prewarmed slot.");
   w.sample("thaw_prewarm_misses_total", c.prewarm_misses.load());
+  w.family("thaw_engine_layout_hits", "counter",
+           "Engine attaches whose slot holds that engine's recorded layout (zero-copy).");
+  w.sample("thaw_engine_layout_hits_total", c.engine_layout_hits.load());
+  w.family("thaw_slot_handbacks", "counter",
+           "Engines that exited leaving their slot prewarmed for the next.");
+  w.sample("thaw_slot_handbacks_total", c.handbacks.load());
+  w.family("thaw_slot_discards", "counter",
+           "Engines' slots evicted at their exit (crash, or pages given back).");
+  w.sample("thaw_slot_discards_total", c.discards.load());
   w.family("thaw_activations", "counter", "Slot activations.");
   w.sample("thaw_activations_total", c.activations.load());
 

@@ -117,14 +117,30 @@ std::expected<void, std::string> DeviceLedger::open(const std::string& dir, int 
 }
 
 void DeviceLedger::prune_dead() {
+  const auto now = std::chrono::steady_clock::now();
+  const std::int32_t self = getpid();
   std::unordered_map<std::int32_t, bool> alive;
   std::uint32_t i = 0;
   while (i < header_->count) {
     Entry& e = header_->entries[i];
     auto it = alive.find(e.pid);
     if (it == alive.end()) {
-      bool live =
-          (kill(e.pid, 0) == 0 || errno == EPERM) && process_start_time(e.pid) == e.start_time;
+      bool live = e.pid == self && e.start_time == start_time_;
+      if (!live) {
+        const bool exists = kill(e.pid, 0) == 0 || errno == EPERM;
+        auto seen = verified_.find(e.pid);
+        if (exists && seen != verified_.end() && seen->second.first == e.start_time &&
+            now - seen->second.second < kVerifiedFor) {
+          live = true;
+        } else {
+          live = exists && process_start_time(e.pid) == e.start_time;
+          if (live) {
+            verified_[e.pid] = {e.start_time, now};
+          } else {
+            verified_.erase(e.pid);
+          }
+        }
+      }
       it = alive.emplace(e.pid, live).first;
     }
     if (!it->second) {

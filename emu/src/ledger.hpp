@@ -10,10 +10,13 @@
 
 #include <cuda.h>
 
+#include <chrono>
 #include <cstdint>
 #include <expected>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 namespace emu {
 
@@ -55,6 +58,15 @@ class DeviceLedger {
   Header* header_ = nullptr;
   std::uint64_t capacity_ = 0;
   std::uint64_t start_time_ = 0;  // of this process, to tell a reused pid from us
+  // Processes whose start time was checked recently (under mu_). Reading /proc/<pid>/stat on
+  // every allocation made the emulator's own bookkeeping cost more than the driver work it
+  // models (tens of us per call); within kVerifiedFor of a check, kill(pid, 0) alone says
+  // whether the process still exists (a dead one is pruned at once, as before; only a pid
+  // reused within that second could be mistaken, which pid allocation makes all but
+  // impossible).
+  static constexpr std::chrono::seconds kVerifiedFor{1};
+  std::unordered_map<std::int32_t, std::pair<std::uint64_t, std::chrono::steady_clock::time_point>>
+      verified_;  // pid → (start time, when checked)
 };
 
 // Process start time from /proc/<pid>/stat (clock ticks since boot); 0 if gone.

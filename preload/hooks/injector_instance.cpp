@@ -84,6 +84,7 @@ WeightInjector* injector_instance() {
   if (injector->grant().layout_kind == "engine") {
     if (DeterministicLayout* layout = layout_instance()) layout->set_backing(injector);
   }
+  injector->start_import();
   g_injector.store(injector, std::memory_order_release);
   return injector;
 }

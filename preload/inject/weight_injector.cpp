@@ -12,12 +12,20 @@ bool InjectorDriver::complete() const {
          event_record && event_query && event_synchronize && event_destroy && ctx_get_device;
 }
 
+WeightInjector::~WeightInjector() {
+  if (importer_.joinable()) importer_.join();
+}
+
 WeightInjector::WeightInjector(InjectorDriver driver, InjectorEnvironment env, SlotGrant grant)
     : driver_(driver), env_(std::move(env)), grant_(std::move(grant)) {
   const std::uint64_t page = std::max<std::uint64_t>(grant_.page_bytes, 1);
   for (std::size_t i = 0; i < grant_.pieces.size(); ++i) {
-    const SlotPiece& p = grant_.pieces[i];
-    if (p.bytes == 0 || p.slot_end() > grant_.resident_bytes) continue;
+    // Only what is resident counts: a piece the resident prefix ends inside is cut there.
+    SlotPiece& p = grant_.pieces[i];
+    if (p.slot_offset >= grant_.resident_bytes) p.bytes = 0;
+    p.bytes =
+        std::min(p.bytes, grant_.resident_bytes - std::min(p.slot_offset, grant_.resident_bytes));
+    if (p.bytes == 0) continue;
     by_file_[p.file][p.file_offset] = i;
     for (std::uint64_t at = p.slot_offset; at < p.slot_end();) {
       const std::uint64_t page_start = at / page * page;
@@ -52,35 +60,63 @@ std::optional<std::vector<WeightInjector::Segment>> WeightInjector::cover_locked
   return out;
 }
 
-bool WeightInjector::import_locked() {
-  if (imported_ || import_failed_) return imported_;
-  for (auto& [offset, fd] : grant_.pages) {
-    CUmemGenericAllocationHandle h = 0;
-    const CUresult r =
-        driver_.mem_import(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd.get())),
-                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    if (r != CUDA_SUCCESS) {
-      if (env_.notice) {
-        env_.notice(
-            fmt::format("slot {}: importing its page at {:#x} failed (CUDA error {}); "
-                        "weights load from the files instead",
-                        grant_.slot, offset, static_cast<int>(r)));
-      }
-      for (auto& [o, handle] : handles_) (void)driver_.mem_release(handle);
-      handles_.clear();
-      import_failed_ = true;
-      return false;
-    }
-    handles_[offset] = h;
-  }
-  grant_.pages.clear();  // closes the fds: the handles hold the memory
-  imported_ = true;
-  return true;
+void WeightInjector::start_import() {
+  std::lock_guard lock(mutex_);
+  start_import_locked();
 }
 
-CUresult WeightInjector::map_for_copy_locked() {
+void WeightInjector::start_import_locked() {
+  if (import_started_) return;
+  import_started_ = true;
+  // Imports run beside the engine, in slot order (the order its allocations ask for pages),
+  // so that a page is usually in by the time the layout maps it.
+  importer_ = std::thread([this, pages = std::move(grant_.pages)]() mutable {
+    for (auto& [offset, fd] : pages) {
+      CUmemGenericAllocationHandle h = 0;
+      const CUresult r =
+          driver_.mem_import(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd.get())),
+                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      fd.reset();  // the handle holds the memory
+      std::lock_guard lock(mutex_);
+      if (r != CUDA_SUCCESS) {
+        if (env_.notice) {
+          env_.notice(
+              fmt::format("slot {}: importing its page at {:#x} failed (CUDA error {}); "
+                          "weights load from the files instead",
+                          grant_.slot, offset, static_cast<int>(r)));
+        }
+        import_failed_ = true;
+        imported_cv_.notify_all();
+        return;
+      }
+      handles_[offset] = h;
+      imported_cv_.notify_all();
+    }
+    std::lock_guard lock(mutex_);
+    imported_ = true;
+    imported_cv_.notify_all();
+  });
+}
+
+bool WeightInjector::import_locked(std::unique_lock<std::mutex>& lock) {
+  start_import_locked();
+  imported_cv_.wait(lock, [&] { return imported_ || import_failed_; });
+  return imported_;
+}
+
+std::optional<CUmemGenericAllocationHandle> WeightInjector::handle_locked(
+    std::unique_lock<std::mutex>& lock, std::uint64_t offset) {
+  start_import_locked();
+  imported_cv_.wait(lock, [&] { return handles_.contains(offset) || imported_ || import_failed_; });
+  if (import_failed_) return std::nullopt;
+  auto h = handles_.find(offset);
+  if (h == handles_.end()) return std::nullopt;
+  return h->second;
+}
+
+CUresult WeightInjector::map_for_copy_locked(std::unique_lock<std::mutex>& lock) {
   if (view_ != 0) return CUDA_SUCCESS;
-  if (view_failed_ || !import_locked() || handles_.empty()) return CUDA_ERROR_NOT_SUPPORTED;
+  if (view_failed_ || !import_locked(lock) || handles_.empty()) return CUDA_ERROR_NOT_SUPPORTED;
   CUdevice device = 0;
   CUresult r = driver_.ctx_get_device(&device);
   const std::uint64_t page = grant_.page_bytes;
@@ -134,7 +170,6 @@ bool WeightInjector::zero_copy_locked(std::uint64_t granularity) {
       why = "the slot's pages are not the layout's granularity";
     }
   }
-  if (on && !import_locked()) on = false;
   if (!on && !why.empty() && env_.notice) {
     env_.notice(fmt::format("slot {}: no zero-copy ({}); its weights are copied on the GPU",
                             grant_.slot, why));
@@ -146,17 +181,17 @@ bool WeightInjector::zero_copy_locked(std::uint64_t granularity) {
 
 std::optional<CUmemGenericAllocationHandle> WeightInjector::page_at(std::uint64_t region_offset,
                                                                     std::uint64_t granularity) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   // Only pages holding resident weight bytes: the rest of an allocation is fresh memory.
   if (!page_left_.contains(region_offset) || engine_pages_.contains(region_offset)) {
     return std::nullopt;
   }
   if (!zero_copy_locked(granularity)) return std::nullopt;
-  auto h = handles_.find(region_offset);
-  if (h == handles_.end()) return std::nullopt;
+  auto h = handle_locked(lock, region_offset);
+  if (!h) return std::nullopt;
   engine_pages_.insert(region_offset);
   ++stats_.pages_mapped;
-  return h->second;
+  return h;
 }
 
 std::optional<CUresult> WeightInjector::copy(CUdeviceptr dst,
@@ -165,7 +200,7 @@ std::optional<CUresult> WeightInjector::copy(CUdeviceptr dst,
                                              const std::string& file, std::uint64_t file_offset,
                                              std::uint64_t bytes, CUstream stream,
                                              bool synchronous) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   reap_locked(false);
   auto segments = model == grant_.model ? cover_locked(file, file_offset, bytes) : std::nullopt;
   if (!segments) {
@@ -186,7 +221,7 @@ std::optional<CUresult> WeightInjector::copy(CUdeviceptr dst,
       return CUDA_SUCCESS;
     }
   }
-  if (map_for_copy_locked() != CUDA_SUCCESS) {
+  if (map_for_copy_locked(lock) != CUDA_SUCCESS) {
     stats_.bytes_copied += bytes;
     return std::nullopt;
   }
@@ -260,19 +295,29 @@ void WeightInjector::reap_locked(bool wait) {
     }
     it = pending_.erase(it);
   }
-  if (freed.empty()) return;
   stats_.pages_freed += freed.size();
-  if (env_.free_pages) env_.free_pages(freed);
+  unsent_.insert(unsent_.end(), freed.begin(), freed.end());
+  // One message per batch: a round trip to thawd per tensor would slow the load down.
+  if (unsent_.size() >= kFreeBatch) send_freed_locked();
+}
+
+void WeightInjector::send_freed_locked() {
+  if (unsent_.empty()) return;
+  if (env_.free_pages) env_.free_pages(unsent_);
+  unsent_.clear();
 }
 
 void WeightInjector::poll() {
   std::lock_guard lock(mutex_);
   reap_locked(false);
+  send_freed_locked();
 }
 
 bool WeightInjector::finish() {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  if (import_started_) imported_cv_.wait(lock, [&] { return imported_ || import_failed_; });
   reap_locked(true);
+  send_freed_locked();
   return stats_.pages_freed == 0 && !stats_.dirty && !import_failed_;
 }
 

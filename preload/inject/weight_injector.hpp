@@ -28,6 +28,7 @@
 
 #include <cuda.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,6 +36,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/fd/unique_fd.hpp"
@@ -104,7 +106,13 @@ struct InjectorStats {
 class WeightInjector : public PageBacking {
  public:
   WeightInjector(InjectorDriver driver, InjectorEnvironment env, SlotGrant grant);
-  ~WeightInjector() override = default;
+  ~WeightInjector() override;  // joins the importer
+  WeightInjector(const WeightInjector&) = delete;
+  WeightInjector& operator=(const WeightInjector&) = delete;
+
+  // Starts importing the slot's pages on a thread of the injector's (the driver must be
+  // initialised). Otherwise the first use starts it and waits.
+  void start_import();
 
   const SlotGrant& grant() const { return grant_; }
 
@@ -125,7 +133,10 @@ class WeightInjector : public PageBacking {
   std::optional<CUmemGenericAllocationHandle> page_at(std::uint64_t region_offset,
                                                       std::uint64_t granularity) override;
 
-  // Gives back pages whose copies have finished (without waiting).
+  // Gives back pages whose copies have finished (without waiting). Freed pages go to thawd
+  // in batches of kFreeBatch as copies finish, and whatever is left at poll() — which the
+  // shim calls when the engine asks cuMemGetInfo, i.e. before it sizes its KV cache.
+  static constexpr std::size_t kFreeBatch = 64;
   void poll();
   // At exit: waits for outstanding copies, gives their pages back; true when the slot can
   // be handed back prewarmed.
@@ -143,10 +154,16 @@ class WeightInjector : public PageBacking {
                                                    std::uint64_t file_offset,
                                                    std::uint64_t bytes) const;
   bool zero_copy_locked(std::uint64_t granularity);
-  bool import_locked();            // every page's fd → a handle (once)
-  CUresult map_for_copy_locked();  // the copy-mode view of the slot (once)
+  void start_import_locked();
+  // Waits until every page is imported (true) or an import failed (false).
+  bool import_locked(std::unique_lock<std::mutex>& lock);
+  // Waits until the page at `offset` is imported; nullopt if it cannot be.
+  std::optional<CUmemGenericAllocationHandle> handle_locked(std::unique_lock<std::mutex>& lock,
+                                                            std::uint64_t offset);
+  CUresult map_for_copy_locked(std::unique_lock<std::mutex>& lock);  // the copy-mode view (once)
   void account_locked(const std::vector<Segment>& segments, CUstream stream);
   void reap_locked(bool wait);
+  void send_freed_locked();
 
   InjectorDriver driver_;
   InjectorEnvironment env_;
@@ -155,8 +172,11 @@ class WeightInjector : public PageBacking {
   // file → file offset → index in grant_.pieces (resident pieces only).
   std::map<std::string, std::map<std::uint64_t, std::size_t>> by_file_;
   std::map<std::uint64_t, CUmemGenericAllocationHandle> handles_;  // slot offset → handle
+  bool import_started_ = false;
   bool imported_ = false;
   bool import_failed_ = false;
+  std::condition_variable imported_cv_;
+  std::thread importer_;
   std::optional<bool> zero_copy_;         // decided at the first page asked for
   std::set<std::uint64_t> engine_pages_;  // slot pages mapped at the engine's allocations
   CUdeviceptr view_ = 0;                  // copy mode: where the slot's pages are mapped
@@ -168,6 +188,7 @@ class WeightInjector : public PageBacking {
     std::vector<std::uint64_t> pages;
   };
   std::vector<Pending> pending_;
+  std::vector<std::uint64_t> unsent_;  // freed here, not yet told to thawd
   InjectorStats stats_;
 };
 

@@ -12,7 +12,8 @@
 //   THAW_PRELOAD_DETERMINISTIC=0     serve allocations from the driver as usual
 //   THAW_PRELOAD_VA_BASE=0x...       base of the deterministic region (default 0x200000000000)
 //   THAW_PRELOAD_ATTACH=1            run attached to a prewarmed slot of the model the engine
-//                                    opens (cuMemGetInfo answers thawd's budget)
+//                                    opens: cuMemGetInfo answers thawd's budget and the
+//                                    weights come from the slot (preload/inject)
 //   THAW_PRELOAD_READ_TIMEOUT=S      how long a read of a streamed file waits (default 600)
 //   THAW_ENGINE_ID=name              part of the engine's fingerprint (layout records)
 //   THAW_SOCKET=path                 thawd's shim socket (default /run/thaw/thawd.sock)

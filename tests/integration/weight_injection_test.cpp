@@ -7,6 +7,8 @@
 //     engine layout; the next engine's weight allocations are the slot's pages and its
 //     weight copies move no byte; at its exit the slot is handed back prewarmed and a third
 //     engine runs from it again — same tokens each time;
+//   - a partial prewarm (first k layers) injects what it holds, the rest is copied from
+//     the files, in both modes;
 //   - a perturbed allocation sequence (expandable segments) leaves zero-copy and copies for
 //     real; an engine killed with SIGKILL leaves nothing behind (its slot is evicted).
 #include <gtest/gtest.h>
@@ -203,6 +205,53 @@ TEST_F(WeightInjection, ZeroCopyFromAnEngineLayoutSlotThenHandBackAndRunAgain) {
     EXPECT_EQ(device_bytes_in_use(), pool_bytes());
   }
   EXPECT_NE(log().find("handed back by"), std::string::npos) << log();
+  EXPECT_EQ(stop_thawd(), 0) << log();
+}
+
+TEST_F(WeightInjection, APartialPrewarmInjectsItsLayersAndTheRestComesFromTheFiles) {
+  start_registry();
+  start_thawd(BusPolicy::open);
+  // Embeddings and the first 2 of the model's 8 layers (WarmServe's partial prewarm).
+  ASSERT_EQ(thawctl({"prewarm", "gpt-syn", "--layers", "2"}).exit_code, 0) << log();
+  const auto reference = refengine_test::run_engine(engine_args(model()));
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  auto s = slots();
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_LT(s[0]["resident_bytes"].get<std::uint64_t>(), s[0]["total_bytes"].get<std::uint64_t>());
+  EXPECT_GT(s[0]["resident_bytes"].get<std::uint64_t>(), 0u);
+
+  const Run copy = run_shimmed("partial-copy", engine_args(model()), true);
+  ASSERT_EQ(copy.engine.exit_code, 0) << copy.engine.err << copy.shim_log;
+  EXPECT_EQ(tokens_of(copy.engine), tokens_of(reference));
+  auto inj = injection_of(copy.shim_log);
+  ASSERT_TRUE(inj) << copy.shim_log;
+  EXPECT_GT(inj->injected, 0u) << "the resident layers came from the slot";
+  EXPECT_GT(inj->copied, 0u) << "the others from the files";
+  EXPECT_TRUE(slots_settled().empty()) << slots().dump();
+
+  // The same in the engine layout: resident pages mapped, the rest copied for real.
+  const Run record = run_shimmed("partial-record", engine_args(model()), false);
+  ASSERT_EQ(record.engine.exit_code, 0) << record.engine.err;
+  ASSERT_EQ(thawctl({"prewarm", "gpt-syn", "--layers", "2"}).exit_code, 0) << log();
+  ASSERT_EQ(slots()[0].value("layout", ""), "engine") << slots().dump();
+  const Run zero = run_shimmed("partial-zero", engine_args(model()), true);
+  ASSERT_EQ(zero.engine.exit_code, 0) << zero.engine.err << zero.shim_log;
+  EXPECT_EQ(tokens_of(zero.engine), tokens_of(reference));
+  inj = injection_of(zero.shim_log);
+  ASSERT_TRUE(inj) << zero.shim_log;
+  EXPECT_TRUE(inj->zero_copy);
+  EXPECT_GT(inj->skipped, 0u);
+  EXPECT_GT(inj->copied, 0u);
+  // Handed back only when no real copy went into the slot's pages (a prefix that ends
+  // inside a page the engine maps gets the rest of that page copied in): thawd does what
+  // the shim said.
+  if (inj->handed_back) {
+    EXPECT_FALSE(inj->mapped == 0);
+    EXPECT_NE(log().find("handed back by"), std::string::npos) << log();
+  } else {
+    EXPECT_TRUE(slots_settled().empty()) << slots().dump();
+  }
+  EXPECT_EQ(device_bytes_in_use(), pool_bytes());
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 

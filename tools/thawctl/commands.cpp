@@ -95,7 +95,11 @@ int status(sd_bus* bus, const Options& o) {
                                       {"state", p["State"]},
                                       {"cache_bytes_used", p["CacheBytesUsed"]},
                                       {"cache_budget_bytes", p["CacheBudgetBytes"]},
-                                      {"gpus", p["GpuCount"]}}
+                                      {"gpus", p["GpuCount"]},
+                                      {"prewarm_hits", p.value("PrewarmHits", 0)},
+                                      {"prewarm_misses", p.value("PrewarmMisses", 0)},
+                                      {"engine_layout_hits", p.value("EngineLayoutHits", 0)},
+                                      {"handbacks", p.value("Handbacks", 0)}}
                            .dump());
     return kExitOk;
   }
@@ -103,6 +107,11 @@ int status(sd_bus* bus, const Options& o) {
              p["NodeId"].get<std::string>(), p["Version"].get<std::string>(),
              p["State"].get<std::string>(), bytes(p["CacheBytesUsed"]),
              bytes(p["CacheBudgetBytes"]), p["GpuCount"].get<uint32_t>());
+  fmt::print(
+      "engines  {} attached to a prewarmed slot ({} in their engine layout), {} found none; "
+      "{} slots handed back\n",
+      p.value("PrewarmHits", 0), p.value("EngineLayoutHits", 0), p.value("PrewarmMisses", 0),
+      p.value("Handbacks", 0));
   return kExitOk;
 }
 
@@ -239,9 +248,15 @@ int wait_model(sd_bus* bus, const std::string& model, const Options& o) {
 }
 
 int prewarm(sd_bus* bus, const std::string& model, const Options& o) {
-  Reply reply = call(bus, "Prewarm", [&](sd_bus_message* m) {
-    return sd_bus_message_append(m, "si", model.c_str(), static_cast<int32_t>(o.gpu.value_or(-1)));
-  });
+  const auto gpu = static_cast<int32_t>(o.gpu.value_or(-1));
+  Reply reply = o.layers ? call(bus, "PrewarmLayers",
+                                [&](sd_bus_message* m) {
+                                  return sd_bus_message_append(m, "sii", model.c_str(), gpu,
+                                                               static_cast<int32_t>(*o.layers));
+                                })
+                         : call(bus, "Prewarm", [&](sd_bus_message* m) {
+                             return sd_bus_message_append(m, "si", model.c_str(), gpu);
+                           });
   const std::string path = path_of(reply.get());
   if (!o.wait) {
     if (o.json) fmt::print("{}\n", nlohmann::json{{"path", path}}.dump());

@@ -14,6 +14,7 @@ struct Options {
   bool wait = true;            // fetch/prewarm: follow until done
   double timeout_s = 0;        // wait: 0 = forever
   std::optional<int> gpu;      // prewarm
+  std::optional<int> layers;   // prewarm: only embeddings and the first k layers
   std::uint64_t kv_bytes = 0;  // activate: 0 = what is free
 };
 

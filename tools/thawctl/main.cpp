@@ -3,7 +3,7 @@
 //   thawctl [--bus system|user|ADDRESS] [--json] COMMAND
 //     status | gpus | slots | models
 //     fetch MODEL [--no-wait]          progress on stderr until cached
-//     prewarm MODEL [--gpu N] [--no-wait]
+//     prewarm MODEL [--gpu N] [--layers K] [--no-wait]
 //     activate SLOT [--kv-bytes SIZE] | deactivate SLOT | evict SLOT
 //     wait MODEL [--timeout SECONDS]
 //
@@ -41,6 +41,11 @@ int main(int argc, char** argv) {
   prewarm_cmd->add_option("model", model, "registry name or cache key (fetched if needed)")
       ->required();
   prewarm_cmd->add_option("--gpu", gpu, "GPU index (default: the one with most free memory)");
+  prewarm_cmd
+      ->add_option("--layers", o.layers,
+                   "only the embeddings and the first K layers (partial prewarm: an engine "
+                   "attached to it streams the rest)")
+      ->check(CLI::NonNegativeNumber);
   prewarm_cmd->add_flag("--no-wait", no_wait, "return once the slot exists");
   auto* activate_cmd = app.add_subcommand("activate", "make a prewarmed slot its GPU's active one");
   activate_cmd->add_option("slot", slot, "slot id (thawctl slots), e.g. g0s1")->required();
