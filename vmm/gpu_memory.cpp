@@ -846,6 +846,9 @@ VmmResult<std::size_t> GpuMemory::free_weight_pages(SlotId id,
     auto p = s.va->unmap(index);
     if (!p) return std::unexpected(p.error());
     pool_->release(std::span(&*p, 1));
+    // The engine needs the room for its own memory: the driver gets the page back until
+    // the engine is gone (take_back_returned).
+    (void)pool_->give_back(std::span(&*p, 1));
     s.loaded_bytes = std::min<std::uint64_t>(s.loaded_bytes, offset);
     ++freed;
   }
@@ -926,6 +929,14 @@ VmmResult<SlotInfo> GpuMemory::slot(SlotId id) const {
   return vmm_failure(VmmErrc::unknown_slot, fmt::format("no prewarm slot {} on this GPU", id));
 }
 
+std::size_t GpuMemory::take_back_returned() {
+  if (pool_->count(PageUse::returned) == 0) return 0;
+  if (!make_current()) return 0;
+  const std::size_t n = pool_->take_back();
+  if (n != 0) changed_.notify_all();
+  return n;
+}
+
 PoolInfo GpuMemory::pool() const {
   PoolInfo info;
   info.page_bytes = pool_->page_bytes();
@@ -934,6 +945,7 @@ PoolInfo GpuMemory::pool() const {
   info.weights = pool_->count(PageUse::weights);
   info.kv = pool_->count(PageUse::kv);
   info.lent = pool_->count(PageUse::lent);
+  info.returned = pool_->count(PageUse::returned);
   return info;
 }
 
@@ -979,7 +991,8 @@ std::expected<void, std::string> GpuMemory::check_invariants() const {
   for (PageId p = 0; p < pages; ++p) {
     const PageOwner o = pool_->owner(p);
     const bool held = mapped_in[p] != -1 || lent_unused[p];
-    if ((o.use == PageUse::free) == held) {
+    const bool unowned = o.use == PageUse::free || o.use == PageUse::returned;
+    if (unowned == held) {
       return std::unexpected(fmt::format("page {} is {} of slot {} but {}", p, to_string(o.use),
                                          o.slot, held ? "held by a slot" : "held by no slot"));
     }

@@ -86,6 +86,7 @@ struct PoolInfo {
   std::size_t page_bytes = 0;
   std::size_t pages = 0;
   std::size_t free = 0, weights = 0, kv = 0, lent = 0;
+  std::size_t returned = 0;  // given back to the driver for an attached engine
 };
 
 struct PrewarmOptions {
@@ -158,9 +159,13 @@ class GpuMemory {
   VmmResult<void> confirm_import(std::uint64_t token);
   // An engine that copied a slot's weights into memory of its own (weight injection's copy
   // mode) is done with these pages of the weights region (offsets from the slot's base, one
-  // per page): they are unmapped and freed, the slot's resident prefix ends at the first of
+  // per page): they are unmapped and their memory given back to the driver — the engine
+  // needs that room for its KV cache — the slot's resident prefix ends at the first of
   // them, and a slot left with no weight page mapped is empty. Returns the pages freed.
   VmmResult<std::size_t> free_weight_pages(SlotId slot, std::span<const std::uint64_t> offsets);
+  // Re-creates pages given back to the driver, as far as it has room (call again later for
+  // the rest: an engine's memory goes some time after it exits). Returns how many.
+  std::size_t take_back_returned();
 
   void wait_idle();  // until the background thread has nothing queued or running
   std::vector<SlotInfo> slots() const;

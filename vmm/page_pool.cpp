@@ -16,6 +16,8 @@ std::string_view to_string(PageUse use) {
       return "kv";
     case PageUse::lent:
       return "lent";
+    case PageUse::returned:
+      return "returned";
   }
   return "unknown";
 }
@@ -47,18 +49,53 @@ VmmResult<std::unique_ptr<PagePool>> PagePool::create(std::shared_ptr<const cuda
     handles.push_back(*handle);
   }
   return std::unique_ptr<PagePool>(
-      new PagePool(std::move(driver), *granularity, std::move(handles)));
+      new PagePool(std::move(driver), prop, *granularity, std::move(handles)));
 }
 
-PagePool::PagePool(std::shared_ptr<const cuda::Driver> driver, std::size_t page_bytes,
-                   std::vector<CUmemGenericAllocationHandle> handles)
+PagePool::PagePool(std::shared_ptr<const cuda::Driver> driver, CUmemAllocationProp prop,
+                   std::size_t page_bytes, std::vector<CUmemGenericAllocationHandle> handles)
     : driver_(std::move(driver)),
+      prop_(prop),
       page_bytes_(page_bytes),
       handles_(std::move(handles)),
       owners_(handles_.size()) {}
 
 PagePool::~PagePool() {
-  for (auto h : handles_) (void)driver_->mem_release(h);
+  for (auto h : handles_) {
+    if (h != 0) (void)driver_->mem_release(h);
+  }
+}
+
+CUmemGenericAllocationHandle PagePool::handle(PageId page) const {
+  std::lock_guard lock(mutex_);
+  return handles_.at(page);
+}
+
+std::size_t PagePool::give_back(std::span<const PageId> pages) {
+  std::lock_guard lock(mutex_);
+  std::size_t given = 0;
+  for (PageId p : pages) {
+    if (owners_.at(p).use != PageUse::free || handles_[p] == 0) continue;
+    if (!driver_->mem_release(handles_[p])) continue;  // still the pool's: stays free
+    handles_[p] = 0;
+    owners_[p] = PageOwner{PageUse::returned, kNoSlot};
+    ++given;
+  }
+  return given;
+}
+
+std::size_t PagePool::take_back() {
+  std::lock_guard lock(mutex_);
+  std::size_t taken = 0;
+  for (PageId p = 0; p < owners_.size(); ++p) {
+    if (owners_[p].use != PageUse::returned) continue;
+    auto h = driver_->mem_create(page_bytes_, prop_);
+    if (!h) break;  // the driver has no room yet (the engine's memory is still going)
+    handles_[p] = *h;
+    owners_[p] = PageOwner{};
+    ++taken;
+  }
+  return taken;
 }
 
 std::size_t PagePool::count(PageUse use) const {
@@ -115,7 +152,12 @@ std::vector<PageId> PagePool::pages_of(PageOwner owner) const {
 }
 
 VmmResult<int> PagePool::export_fd(PageId page) const {
-  auto fd = driver_->export_to_fd(handles_.at(page));
+  const CUmemGenericAllocationHandle h = handle(page);
+  if (h == 0) {
+    return vmm_failure(VmmErrc::invalid_argument,
+                       fmt::format("page {} was given back to the driver", page));
+  }
+  auto fd = driver_->export_to_fd(h);
   if (!fd) return std::unexpected(driver_error(fd.error(), fmt::format("exporting page {}", page)));
   return *fd;
 }

@@ -8,7 +8,10 @@
 //
 // Every page has exactly one owner at any time: free, or a slot's weights, a slot's KV
 // cache, or lent (a page of an active slot's KV region given to another slot for
-// proactive prewarm). The pool only keeps the book; mapping pages is PrewarmSlot's job.
+// proactive prewarm), or returned: its memory given back to the driver for an engine that
+// needs the room (an engine that copied a slot's weights into its own memory), re-created
+// by take_back() once the engine is gone. The pool only keeps the book; mapping pages is
+// PrewarmSlot's job.
 //
 // Thread safety: all members may be called from any thread.
 #pragma once
@@ -31,7 +34,7 @@ using PageId = std::uint32_t;
 using SlotId = std::uint32_t;
 inline constexpr SlotId kNoSlot = ~SlotId{0};
 
-enum class PageUse : std::uint8_t { free, weights, kv, lent };
+enum class PageUse : std::uint8_t { free, weights, kv, lent, returned };
 std::string_view to_string(PageUse use);
 
 struct PageOwner {
@@ -67,19 +70,27 @@ class PagePool {
   // The pages `owner` holds, in id order.
   std::vector<PageId> pages_of(PageOwner owner) const;
 
-  CUmemGenericAllocationHandle handle(PageId page) const { return handles_.at(page); }
+  CUmemGenericAllocationHandle handle(PageId page) const;
   // A new descriptor for the page's memory (the caller owns and closes it).
   VmmResult<int> export_fd(PageId page) const;
 
+  // Gives the memory of these free pages back to the driver (cuMemRelease): they become
+  // `returned`. Pages that are not free are left alone. Returns how many were given.
+  std::size_t give_back(std::span<const PageId> pages);
+  // Re-creates returned pages (free again) until the driver has no more memory for them.
+  // Returns how many came back.
+  std::size_t take_back();
+
  private:
-  PagePool(std::shared_ptr<const cuda::Driver> driver, std::size_t page_bytes,
-           std::vector<CUmemGenericAllocationHandle> handles);
+  PagePool(std::shared_ptr<const cuda::Driver> driver, CUmemAllocationProp prop,
+           std::size_t page_bytes, std::vector<CUmemGenericAllocationHandle> handles);
 
   std::shared_ptr<const cuda::Driver> driver_;
+  CUmemAllocationProp prop_;
   std::size_t page_bytes_;
-  std::vector<CUmemGenericAllocationHandle> handles_;  // fixed after create
   mutable std::mutex mutex_;
-  std::vector<PageOwner> owners_;  // under mutex_
+  std::vector<CUmemGenericAllocationHandle> handles_;  // under mutex_; 0 while returned
+  std::vector<PageOwner> owners_;                      // under mutex_
 };
 
 }  // namespace thaw::vmm

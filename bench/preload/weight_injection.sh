@@ -12,9 +12,9 @@
 #             soon as the files exist and streams them (issue 8's path); no slot
 #   cold      cold start from a local, page-cached file (thawd's complete cache): H2D copies
 #   copy      copy mode: a slot prewarmed in the packed layout; weights copied on the GPU
-#             (copy and cold run twice; the second round is the one compared)
-#   zero      zero-copy: a slot prewarmed in the engine layout the copy run recorded
-#   zero2     zero-copy again, from the slot the previous engine handed back
+#   zero      zero-copy: a slot prewarmed in the engine layout a cold run recorded; each
+#             later zero-copy run starts from the slot the previous engine handed back
+# (cold, copy and zero run --rounds times; medians are compared, see below)
 #
 # Printed per run: the engine's weight-loading phase (allocator_ready → weights_loaded in its
 # own timeline), start → first token, and the ratios the issue asks for:
@@ -22,17 +22,20 @@
 #   2. start → first token of a prewarmed start against cold-local and cold-registry
 # Every run's tokens must equal the reference run's (no shim, model read from disk).
 #
-# Usage: bench/preload/weight_injection.sh [--rate 10gbit]
+# Usage: bench/preload/weight_injection.sh [--rate 10gbit] [--rounds 4]
 # shellcheck source=bench/store/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../store/lib.sh"
 
 RATE=10gbit
+ROUNDS=4
 while [[ $# -gt 0 ]]; do
   case $1 in
     --rate) RATE=$2; shift 2 ;;
-    *) die "usage: $0 [--rate 10gbit]" ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    *) die "usage: $0 [--rate 10gbit] [--rounds N (>= 2)]" ;;
   esac
 done
+((ROUNDS >= 2)) || die "--rounds must be at least 2 (the first round is not compared)"
 
 BUILD=${BUILD:-$REPO_ROOT/build/release}
 [[ -f $BUILD/CMakeCache.txt ]] || cmake --preset release >/dev/null
@@ -176,12 +179,15 @@ RF=$(awk -v a="$t0" -v b="$t_files" -v f="$RF" 'BEGIN { print b - a + f }')
 log "registry: weights phase ${RW}s, first token ${RF}s after the fetch started"
 
 # thawd #2: the cache is complete; no layout record yet, so the first prewarm is packed.
-# Each of copy and cold runs twice and the second is reported: the first touch of memory the
-# VM never gave this guest is much slower than later ones (host-side faults), and whichever
-# run comes first would pay it. Between the rounds the record is forgotten (the bench owns
-# the state directory), so the second copy run is again from a packed slot.
+# Copy and cold run ROUNDS times each and the medians of all but the first round are
+# reported: the first touch of memory the VM never gave this guest is much slower than
+# later ones (host-side faults), and whichever run comes first pays it; the emulator's
+# CPU-side copies make single runs noisy. Between rounds the record is forgotten (the bench
+# owns the state directory), so each copy run is again from a packed slot.
 start_thawd "$WORK/state"
-for round in 1 2; do
+COLD=() COPY=() FIRST_COLD= FIRST_COPY=
+for ((round = 1; round <= ROUNDS; round++)); do
+  rm -f "$WORK"/state/artifacts/layout-*.json
   "${THAWCTL[@]}" prewarm "$MODEL_NAME" >/dev/null 2>&1
   [[ $(slot_layout) == packed ]] || die "expected a packed slot, got $(slot_layout)"
   shimmed "copy$round" 1
@@ -189,33 +195,48 @@ for round in 1 2; do
   log "copy$round: $(injection "copy$round")"
   shimmed "cold$round" 0
   check_tokens "cold$round"
-  [[ $round == 1 ]] && rm -f "$WORK"/state/artifacts/layout-*.json
+  if [[ $round == 1 ]]; then
+    FIRST_COPY=$(phases copy1) FIRST_COLD=$(phases cold1)
+  else
+    COPY+=("$(phases "copy$round")") COLD+=("$(phases "cold$round")")
+  fi
 done
 
+# The last cold run left its layout record: the next prewarm is in the engine layout, and
+# each zero-copy engine hands the slot back to the next.
 "${THAWCTL[@]}" prewarm "$MODEL_NAME" >/dev/null 2>&1
 [[ $(slot_layout) == engine ]] || die "expected an engine-layout slot, got $(slot_layout)"
-shimmed zero 1
-check_tokens zero
-log "zero: $(injection zero)"
-shimmed zero2 1
-check_tokens zero2
-log "zero2: $(injection zero2)"
-grep -q 'zero-copy on' "$WORK/zero.shim.log" || die "the zero-copy run did not use zero-copy"
+ZERO=()
+for ((round = 1; round <= ROUNDS; round++)); do
+  shimmed "zero$round" 1
+  check_tokens "zero$round"
+  log "zero$round: $(injection "zero$round")"
+  grep -q 'zero-copy on' "$WORK/zero$round.shim.log" || die "zero$round did not use zero-copy"
+  [[ $round == 1 ]] || grep -q 'handing it back' "$WORK/zero$((round - 1)).shim.log" ||
+    die "zero$((round - 1)) did not hand its slot back"
+  ZERO+=("$(phases "zero$round")")
+done
 
-read -r CW1 _ _ <<<"$(phases cold1)"
-read -r PW1 _ _ <<<"$(phases copy1)"
-read -r CW CF _ <<<"$(phases cold2)"
-read -r PW PF _ <<<"$(phases copy2)"
-read -r ZW ZF _ <<<"$(phases zero)"
-read -r Z2W Z2F _ <<<"$(phases zero2)"
-awk -v cw1="$CW1" -v pw1="$PW1" -v rw="$RW" -v rf="$RF" -v cw="$CW" -v cf="$CF" -v pw="$PW" -v pf="$PF" -v zw="$ZW" \
-  -v zf="$ZF" -v z2w="$Z2W" -v z2f="$Z2F" 'BEGIN {
-  printf "%-34s %14s %16s\n", "run", "weight phase", "start->1st token"
-  printf "%-34s %12.1f ms %14.2f s\n", "cold from the registry (streamed)", rw * 1e3, rf
-  printf "%-34s %12.1f ms %14.2f s\n", "cold from a page-cached file", cw * 1e3, cf
-  printf "%-34s %12.1f ms %14.2f s\n", "copy mode (packed slot)", pw * 1e3, pf
-  printf "%-34s %12.1f ms %14.2f s\n", "zero-copy (engine-layout slot)", zw * 1e3, zf
-  printf "%-34s %12.1f ms %14.2f s\n", "zero-copy, handed-back slot", z2w * 1e3, z2f
+median() {  # median FIELD LINES...: the median of field FIELD (1-based) of the lines
+  local field=$1
+  shift
+  printf '%s\n' "$@" | awk -v f="$field" '{ print $f }' | sort -g |
+    awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+CW=$(median 1 "${COLD[@]}") CF=$(median 2 "${COLD[@]}")
+PW=$(median 1 "${COPY[@]}") PF=$(median 2 "${COPY[@]}")
+ZW=$(median 1 "${ZERO[@]}") ZF=$(median 2 "${ZERO[@]}")
+read -r CW1 _ _ <<<"$FIRST_COLD"
+read -r PW1 _ _ <<<"$FIRST_COPY"
+all() { printf '%s\n' "$@" | awk '{ printf "%s%.1f", NR > 1 ? " " : "", $1 * 1e3 }'; }
+log "weight phases (ms): cold $(all "${COLD[@]}"); copy $(all "${COPY[@]}"); zero-copy $(all "${ZERO[@]}")"
+awk -v cw1="$CW1" -v pw1="$PW1" -v rw="$RW" -v rf="$RF" -v cw="$CW" -v cf="$CF" -v pw="$PW" \
+  -v pf="$PF" -v zw="$ZW" -v zf="$ZF" -v n="$ROUNDS" 'BEGIN {
+  printf "%-42s %14s %16s\n", "run (median of the rounds)", "weight phase", "start->1st token"
+  printf "%-42s %12.1f ms %14.2f s\n", "cold from the registry (streamed, 1 run)", rw * 1e3, rf
+  printf "%-42s %12.1f ms %14.2f s\n", "cold from a page-cached file", cw * 1e3, cf
+  printf "%-42s %12.1f ms %14.2f s\n", "copy mode (packed slot)", pw * 1e3, pf
+  printf "%-42s %12.1f ms %14.2f s\n", "zero-copy (engine-layout slot, handed on)", zw * 1e3, zf
   printf "(first round, paying first touches: copy %.1f ms, cold %.1f ms)\n", pw1 * 1e3, cw1 * 1e3
   printf "1. weight phase: zero-copy / cold = %.3f (target <= 0.05); copy / cold = %.3f (target <= 0.10)\n", zw / cw, pw / cw
   printf "2. start -> first token: zero-copy %.2f s vs cold local %.2f s (%.2fx faster) vs cold registry %.2f s (%.2fx faster)\n", zf, cf, cf / zf, rf, rf / zf

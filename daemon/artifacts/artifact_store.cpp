@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/proto/document_fd.hpp"
 #include "daemon/store/fetch/sha256.hpp"
 
 namespace thaw::daemon {
@@ -29,20 +30,6 @@ bool valid_kind(std::string_view kind) {
 
 std::string errno_text() {
   return std::strerror(errno);
-}
-
-// Reads exactly `bytes` bytes at offset 0 of `fd`.
-std::expected<std::string, std::string> read_all(int fd, std::uint64_t bytes) {
-  std::string out(bytes, '\0');
-  std::uint64_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::pread(fd, out.data() + done, bytes - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return std::unexpected(errno_text());
-    if (n == 0) return std::unexpected(fmt::format("it ends after {} of {} bytes", done, bytes));
-    done += static_cast<std::uint64_t>(n);
-  }
-  return out;
 }
 
 bool write_all(int fd, std::string_view data) {
@@ -109,7 +96,7 @@ ServiceResult<std::string> ArtifactStore::put(const ArtifactIdentity& identity, 
     return service_error(error_name::kInvalidArgument,
                          "the artifact's descriptor must be a file (a memfd) holding its bytes");
   }
-  auto text = read_all(fd, bytes);
+  auto text = proto::read_document(fd, bytes);
   if (!text) {
     return service_error(error_name::kInvalidArgument,
                          "cannot read the artifact's descriptor: " + text.error());
@@ -189,7 +176,7 @@ std::optional<std::string> ArtifactStore::newest_for_model(const std::string& ki
     if (stat_ec || size > kMaxArtifactBytes || (best && time <= best_time)) continue;
     UniqueFd fd(::open(e.path().c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) continue;
-    auto text = read_all(fd.get(), size);
+    auto text = proto::read_document(fd.get(), size);
     if (!text) continue;
     auto doc = nlohmann::json::parse(*text, nullptr, false);
     if (doc.is_discarded() || !doc.is_object()) continue;

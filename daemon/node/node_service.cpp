@@ -212,6 +212,15 @@ void NodeService::reap() {
       if (job->done() && job->thread.joinable()) done.push_back(std::move(job->thread));
     }
     reap_slots_locked(done);
+    // Pages given back to the driver for an engine's own copy of its weights come back to
+    // the pool once no engine that did so holds a slot on that GPU any more.
+    for (std::uint32_t g = 0; g < gpus_.size(); ++g) {
+      const bool needed = std::ranges::any_of(slots_, [&](const auto& entry) {
+        const SlotRecord& r = *entry.second;
+        return r.gpu == g && !r.owner.empty() && r.pages_freed;
+      });
+      if (!needed && gpus_[g]->take_back_returned() != 0) changed();
+    }
   }
   for (std::thread& t : done) t.join();
 }

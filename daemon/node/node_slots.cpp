@@ -339,7 +339,8 @@ std::vector<GpuStatus> NodeService::gpus() const {
     const vmm::PoolInfo pool = gpus_[i]->pool();
     GpuStatus g;
     g.index = i;
-    g.pool_bytes = static_cast<std::uint64_t>(pool.pages) * pool.page_bytes;
+    // What the pool holds now: pages given back to the driver for an engine do not count.
+    g.pool_bytes = static_cast<std::uint64_t>(pool.pages - pool.returned) * pool.page_bytes;
     g.free_bytes = static_cast<std::uint64_t>(pool.free) * pool.page_bytes;
     for (const vmm::SlotInfo& s : gpus_[i]->slots()) {
       ++g.slots;
@@ -442,6 +443,10 @@ ServiceResult<std::size_t> NodeService::free_pages(const std::string& owner, con
     return service_error(error_name::kGpu,
                          fmt::format("freeing pages of slot {}: {}", id, freed.error().message));
   }
+  log(LogLevel::debug,
+      fmt::format("slot {}: {} copied {} pages out; their memory is the driver's until it exits",
+                  id, owner, *freed),
+      {{"MODEL", record.key}, {"SLOT", id}, {"GPU", std::to_string(record.gpu)}});
   changed();
   return *freed;
 }

@@ -24,12 +24,7 @@ using thaw::testing::ThawdFixture;
 
 std::vector<std::string> engine_args(const fs::path& model,
                                      const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args = {
-      "generate",  "--model",         model.string(), "--tokens",
-      "1,2,3,4,5", "--tokens",        "9,8,7",        "--max-tokens",
-      "4",         "--ignore-eos",    "--json",       "--max-num-seqs",
-      "4",         "--max-model-len", "32",           "--max-num-batched-tokens",
-      "12",        "--enforce-eager"};
+  std::vector<std::string> args = refengine_test::small_generate_args(model, {"--enforce-eager"});
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }

@@ -19,26 +19,8 @@ using thaw::testing::BusPolicy;
 using thaw::testing::ThawdFixture;
 
 std::vector<std::string> engine_args(const fs::path& model) {
-  return {"generate",
-          "--model",
-          model.string(),
-          "--tokens",
-          "1,2,3,4,5",
-          "--tokens",
-          "9,8,7",
-          "--max-tokens",
-          "4",
-          "--ignore-eos",
-          "--json",
-          "--max-num-seqs",
-          "4",
-          "--max-model-len",
-          "32",
-          "--max-num-batched-tokens",
-          "12",
-          "--num-gpu-blocks-override",
-          "32",
-          "--enforce-eager"};
+  return refengine_test::small_generate_args(
+      model, {"--num-gpu-blocks-override", "32", "--enforce-eager"});
 }
 
 std::vector<nlohmann::json> tokens_of(const refengine_test::EngineRun& r) {

@@ -27,26 +27,9 @@ using thaw::testing::ThawdFixture;
 
 std::vector<std::string> engine_args(const fs::path& model,
                                      const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args = {"generate",
-                                   "--model",
-                                   model.string(),
-                                   "--tokens",
-                                   "1,2,3,4,5",
-                                   "--tokens",
-                                   "9,8,7",
-                                   "--max-tokens",
-                                   "4",
-                                   "--ignore-eos",
-                                   "--json",
-                                   "--max-num-seqs",
-                                   "4",
-                                   "--max-model-len",
-                                   "32",
-                                   "--max-num-batched-tokens",
-                                   "12",
-                                   "--enforce-eager",
-                                   "--num-gpu-blocks-override",
-                                   "32"};
+  // A fixed KV size keeps the allocation sequence the same whatever cuMemGetInfo answers.
+  std::vector<std::string> args = refengine_test::small_generate_args(
+      model, {"--num-gpu-blocks-override", "32", "--enforce-eager"});
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -125,6 +108,22 @@ class WeightInjection : public ThawdFixture {
     return doc.is_array() && !doc.empty() ? doc[0].value("pool_bytes", std::uint64_t{0}) : 0;
   }
 
+  // Whether the emulated GPU holds thawd's whole pool and nothing else — once pages given
+  // back to the driver for an engine are in the pool again (thawd's timer) and the engine's
+  // memory is gone; waits up to ~5 s for that.
+  ::testing::AssertionResult only_thawds_pool_on_the_gpu() {
+    std::uint64_t used = 0, pool = 0;
+    for (int i = 0; i < 50; ++i) {
+      used = device_bytes_in_use();
+      pool = pool_bytes();
+      if (used == pool && pool == kPoolBytes) return ::testing::AssertionSuccess();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return ::testing::AssertionFailure()
+           << "the GPU holds " << used << " bytes, thawd's pool " << pool << " of " << kPoolBytes;
+  }
+  static constexpr std::uint64_t kPoolBytes = 128ull << 20;  // pool_share 0.5 of 256 MiB
+
   // Bytes in use on the emulated GPU by every live process sharing thawd's GPU.
   std::uint64_t device_bytes_in_use() {
     auto r = thaw::testing::run(
@@ -157,7 +156,7 @@ TEST_F(WeightInjection, CopyModeFeedsTheWeightsFromAPackedSlotAndFreesItsPages) 
   EXPECT_NE(log().find("evicted as its engine went without handing it back"), std::string::npos)
       << log();
   EXPECT_TRUE(slots_settled().empty()) << slots().dump();
-  EXPECT_EQ(device_bytes_in_use(), pool_bytes()) << "only thawd's pool is left on the GPU";
+  EXPECT_TRUE(only_thawds_pool_on_the_gpu());
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
@@ -202,7 +201,7 @@ TEST_F(WeightInjection, ZeroCopyFromAnEngineLayoutSlotThenHandBackAndRunAgain) {
     ASSERT_EQ(s.size(), 1u) << s.dump();
     EXPECT_EQ(s[0].value("state", ""), "prewarmed") << s.dump();
     EXPECT_EQ(s[0].value("owner", "x"), "") << s.dump();
-    EXPECT_EQ(device_bytes_in_use(), pool_bytes());
+    EXPECT_TRUE(only_thawds_pool_on_the_gpu());
   }
   EXPECT_NE(log().find("handed back by"), std::string::npos) << log();
   EXPECT_EQ(stop_thawd(), 0) << log();
@@ -251,7 +250,7 @@ TEST_F(WeightInjection, APartialPrewarmInjectsItsLayersAndTheRestComesFromTheFil
   } else {
     EXPECT_TRUE(slots_settled().empty()) << slots().dump();
   }
-  EXPECT_EQ(device_bytes_in_use(), pool_bytes());
+  EXPECT_TRUE(only_thawds_pool_on_the_gpu());
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
@@ -280,7 +279,7 @@ TEST_F(WeightInjection, APerturbedSequenceCopiesForRealAndAKilledEngineLeavesNot
   EXPECT_EQ(inj->mapped, 0u);
   EXPECT_GT(inj->injected + inj->copied, 1000000u) << "every weight byte moved";
   EXPECT_TRUE(slots_settled().empty()) << slots().dump();
-  EXPECT_EQ(device_bytes_in_use(), pool_bytes());
+  EXPECT_TRUE(only_thawds_pool_on_the_gpu());
 
   // An engine killed once its weights are in: thawd evicts its slot, the GPU is thawd's
   // pool again.
@@ -312,7 +311,7 @@ TEST_F(WeightInjection, APerturbedSequenceCopiesForRealAndAKilledEngineLeavesNot
       << thaw::testing::slurp(err);
   EXPECT_TRUE(slots_settled().empty()) << slots().dump() << log();
   EXPECT_NE(log().find("evicted as its engine went"), std::string::npos) << log();
-  EXPECT_EQ(device_bytes_in_use(), pool_bytes()) << "nothing of the killed engine is left";
+  EXPECT_TRUE(only_thawds_pool_on_the_gpu()) << "nothing of the killed engine is left";
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 

@@ -23,28 +23,9 @@ using thaw::store::testing::RegistryFixture;
 class StreamingLoad : public ::testing::Test {
  protected:
   std::vector<std::string> args(const fs::path& model, const fs::path& logits) const {
-    return {"generate",
-            "--model",
-            model.string(),
-            "--tokens",
-            "1,2,3,4,5",
-            "--tokens",
-            "9,8,7",
-            "--max-tokens",
-            "4",
-            "--ignore-eos",
-            "--json",
-            "--max-num-seqs",
-            "4",
-            "--max-model-len",
-            "32",
-            "--max-num-batched-tokens",
-            "12",
-            "--num-gpu-blocks-override",
-            "32",
-            "--enforce-eager",
-            "--logits-out",
-            logits.string()};
+    return refengine_test::small_generate_args(
+        model,
+        {"--num-gpu-blocks-override", "32", "--enforce-eager", "--logits-out", logits.string()});
   }
   pid_t start_fetch(const std::string& rate) {
     const pid_t pid = ::fork();

@@ -112,6 +112,32 @@ TEST_F(GpuMemoryTest, PrewarmCopiesEveryTensorIntoPackedLayout) {
   expect_consistent();
 }
 
+TEST_F(GpuMemoryTest, WeightPagesAnEngineCopiedOutGoToTheDriverUntilTakenBack) {
+  start();
+  make_model();
+  auto id = gpu_->create_slot("gpt2-test");
+  ASSERT_TRUE(id);
+  ASSERT_TRUE(gpu_->prewarm(*id, *layout_, *source_));
+  const std::size_t page = gpu_->pool().page_bytes;
+  const std::uint64_t held = testing::device_stats(*driver_).process_bytes_in_use;
+  const std::uint64_t offsets[] = {0, page};
+  EXPECT_FALSE(gpu_->free_weight_pages(*id, std::vector<std::uint64_t>{page + 1}))
+      << "not a page offset";
+  auto freed = gpu_->free_weight_pages(*id, offsets);
+  ASSERT_TRUE(freed) << freed.error().message;
+  EXPECT_EQ(*freed, 2u);
+  EXPECT_EQ(gpu_->pool().returned, 2u);
+  EXPECT_EQ(gpu_->slot(*id)->loaded_bytes, 0u) << "the resident prefix ends at page 0";
+  // The memory really went back to the driver.
+  EXPECT_EQ(testing::device_stats(*driver_).process_bytes_in_use, held - 2 * page);
+  expect_consistent();
+  EXPECT_EQ(gpu_->take_back_returned(), 2u);
+  EXPECT_EQ(gpu_->pool().returned, 0u);
+  EXPECT_EQ(gpu_->pool().free + gpu_->pool().weights, gpu_->pool().pages);
+  EXPECT_EQ(testing::device_stats(*driver_).process_bytes_in_use, held);
+  expect_consistent();
+}
+
 TEST_F(GpuMemoryTest, PrewarmOfTheFirstLayersThenTheRest) {
   start();
   make_model();

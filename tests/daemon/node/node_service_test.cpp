@@ -145,13 +145,19 @@ TEST_F(NodeServiceTest, PagesAnEngineCopiedOutAreFreedAndItsSlotIsNotHandedBack)
   auto freed = service_->free_pages("pid 1", *slot, {0, a->page_bytes});
   ASSERT_TRUE(freed) << freed.error().message;
   EXPECT_EQ(*freed, 2u);
-  EXPECT_EQ(gpu_->pool().free, free_before + 2);
+  // Their memory went back to the driver: the engine needs the room for its own copy.
+  EXPECT_EQ(gpu_->pool().free, free_before);
+  EXPECT_EQ(gpu_->pool().returned, 2u);
+  EXPECT_EQ(service_->gpus()[0].pool_bytes, (gpu_->pool().pages - 2) * gpu_->pool().page_bytes);
   EXPECT_EQ(service_->slot(*slot).value().resident_bytes, 0u) << "its prefix is gone";
-  // Asking for a hand-back does not keep a slot that gave pages away.
+  service_->reap();
+  EXPECT_EQ(gpu_->pool().returned, 2u) << "not while the engine holds the slot";
+  // Asking for a hand-back does not keep a slot that gave pages away; once the engine is
+  // gone the pool takes its pages back from the driver.
   EXPECT_EQ(service_->release_owner("pid 1", "", /*handback=*/true), 1u);
   EXPECT_TRUE(until([&] {
     service_->reap();
-    return !service_->slot(*slot).has_value();
+    return !service_->slot(*slot).has_value() && gpu_->pool().returned == 0;
   }));
   EXPECT_EQ(gpu_->pool().free, gpu_->pool().pages);
 }

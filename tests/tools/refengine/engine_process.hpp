@@ -44,6 +44,20 @@ struct EngineRun {
   std::string err;     // stderr (the timeline unless --timeline)
 };
 
+// The small generate run the shim and thawd suites share: two prompts, 4 tokens each, a
+// 32-token context, batches of 12 — then `extra`.
+inline std::vector<std::string> small_generate_args(const fs::path& model,
+                                                    const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {
+      "generate",  "--model",         model.string(), "--tokens",
+      "1,2,3,4,5", "--tokens",        "9,8,7",        "--max-tokens",
+      "4",         "--ignore-eos",    "--json",       "--max-num-seqs",
+      "4",         "--max-model-len", "32",           "--max-num-batched-tokens",
+      "12"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 inline std::string engine_env(const std::string& extra = {}) {
   // LD_LIBRARY_PATH: where the -lcuda variant finds libcuda.so.1 (the emulator).
   const std::string emu_dir = fs::path(REFENGINE_EMU_LIBCUDA).parent_path().string();
