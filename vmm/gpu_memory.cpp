@@ -929,6 +929,38 @@ VmmResult<SlotInfo> GpuMemory::slot(SlotId id) const {
   return vmm_failure(VmmErrc::unknown_slot, fmt::format("no prewarm slot {} on this GPU", id));
 }
 
+VmmResult<std::optional<std::uint64_t>> GpuMemory::find_difference(SlotId id,
+                                                                   const WeightLayout& layout,
+                                                                   WeightSource& source) {
+  if (auto ok = make_current(); !ok) return std::unexpected(ok.error());
+  CUdeviceptr base = 0;
+  std::uint64_t loaded = 0;
+  {
+    std::lock_guard lock(mutex_);
+    auto found = require_locked(id);
+    if (!found) return std::unexpected(found.error());
+    base = (*found)->va->base();
+    loaded = (*found)->loaded_bytes;
+  }
+  // Read back through a bounded buffer: a slot holds gigabytes.
+  constexpr std::uint64_t kChunk = 8ull << 20;
+  std::vector<std::byte> buffer(kChunk);
+  for (const LayoutPiece& p : layout.pieces()) {
+    if (p.slot_end() > loaded) break;  // only the resident prefix is promised
+    for (std::uint64_t done = 0; done < p.bytes;) {
+      const std::uint64_t n = std::min(kChunk, p.bytes - done);
+      auto expected = source.wait_bytes(p.file, p.file_offset + done, n);
+      if (!expected) return std::unexpected(expected.error());
+      if (auto ok = driver_->memcpy_dtoh(buffer.data(), base + p.slot_offset + done, n); !ok) {
+        return std::unexpected(driver_error(ok.error(), fmt::format("reading slot {} back", id)));
+      }
+      if (std::memcmp(buffer.data(), *expected, n) != 0) return p.slot_offset;
+      done += n;
+    }
+  }
+  return std::nullopt;
+}
+
 std::size_t GpuMemory::take_back_returned() {
   if (pool_->count(PageUse::returned) == 0) return 0;
   if (!make_current()) return 0;

@@ -163,6 +163,12 @@ class GpuMemory {
   // needs that room for its KV cache — the slot's resident prefix ends at the first of
   // them, and a slot left with no weight page mapped is empty. Returns the pages freed.
   VmmResult<std::size_t> free_weight_pages(SlotId slot, std::span<const std::uint64_t> offsets);
+  // Whether the slot's weights region holds exactly what `layout` puts there (each piece
+  // read back and compared with `source`): what thawd checks before it offers a slot an
+  // engine handed back to the next one — an engine may have written its weights. Returns
+  // the first piece that differs (its slot offset), or nullopt when all match.
+  VmmResult<std::optional<std::uint64_t>> find_difference(SlotId slot, const WeightLayout& layout,
+                                                          WeightSource& source);
   // Re-creates pages given back to the driver, as far as it has room (call again later for
   // the rest: an engine's memory goes some time after it exits). Returns how many.
   std::size_t take_back_returned();

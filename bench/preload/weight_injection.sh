@@ -206,8 +206,11 @@ done
 # each zero-copy engine hands the slot back to the next.
 "${THAWCTL[@]}" prewarm "$MODEL_NAME" >/dev/null 2>&1
 [[ $(slot_layout) == engine ]] || die "expected an engine-layout slot, got $(slot_layout)"
+slot_state() { "${THAWCTL[@]}" --json slots | /usr/bin/python3 -c 'import json,sys; s=json.load(sys.stdin); print(s[0]["state"] if s else "none")'; }
 ZERO=()
 for ((round = 1; round <= ROUNDS; round++)); do
+  # A handed-back slot is offered again once thawd has checked its bytes against the model.
+  for _ in $(seq 600); do [[ $(slot_state) == prewarmed ]] && break; sleep 0.1; done
   shimmed "zero$round" 1
   check_tokens "zero$round"
   log "zero$round: $(injection "zero$round")"

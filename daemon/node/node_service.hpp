@@ -17,8 +17,9 @@
 //   attach(model, owner)  descriptors of a prewarmed slot's pages, for the shim; while the
 //                         engine runs the slot is its (free_pages gives back pages it copied
 //                         out); release_owner ends that: a clean hand-back keeps the slot
-//                         prewarmed for the next engine, anything else (a crash, pages
-//                         already given back) evicts it
+//                         prewarmed for the next engine once its bytes are checked against
+//                         the model ("verifying" until then), anything else (a crash, pages
+//                         already given back, a byte that differs) evicts it
 //
 // Model keys are the cache's (registry name with '/' as "--"); slot ids are "g<gpu>s<n>".
 //
@@ -38,6 +39,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -200,7 +202,10 @@ class NodeService {
   SlotStatus slot_status_locked(const SlotRecord& record) const;
   void changed() { changes_.fetch_add(1); }
   // Evicts an engine's slot when it is released without a clean hand-back.
-  void discard_locked(SlotRecord& record);
+  void discard_locked(SlotRecord& record, std::string_view why);
+  // A handed-back slot is offered again only once its bytes are checked against the model
+  // (the engine may have written its weights); on its own thread.
+  void verify_handback(std::shared_ptr<SlotRecord> record, std::string owner);
 
   store::HostCache& cache_;
   std::vector<vmm::GpuMemory*> gpus_;

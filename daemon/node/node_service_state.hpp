@@ -73,7 +73,7 @@ struct NodeService::SlotRecord {
   std::uint32_t gpu = 0;
   vmm::SlotId slot = vmm::kNoSlot;
   std::string key;
-  std::thread thread;  // the prewarm
+  std::thread thread;  // the prewarm, later the check of a hand-back
   ~SlotRecord() { retire(thread); }
   // Guarded by NodeService::mutex_:
   bool prewarming = true;
@@ -88,6 +88,7 @@ struct NodeService::SlotRecord {
   std::string layout_kind;         // "packed" / "engine", once the prewarm chose
   std::string record_fingerprint;  // engine layout: which record
   bool pages_freed = false;        // the owner gave pages back: no hand-back possible
+  bool verifying = false;          // handed back: its bytes are being checked (`thread`)
 };
 
 }  // namespace thaw::daemon

@@ -177,7 +177,7 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
         fmt::format("slot {}: {} prewarmed in its {} layout ({} bytes{})", record->id, record->key,
                     kind, extent,
                     record->layers ? fmt::format(", layers below {}", *record->layers) : ""),
-        {{"MODEL", record->key}, {"SLOT", record->id}, {"GPU", gpu}});
+        {{"MODEL", record->key}, {"SLOT", record->id}, {"GPU", std::to_string(record->gpu)}});
   } else {
     log(LogLevel::warning,
         fmt::format("slot {}: prewarming {} failed: {}", record->id, record->key, error),
@@ -243,10 +243,10 @@ ServiceResult<void> NodeService::evict(const std::string& id) {
   auto where = parse_slot_locked(id);
   if (!where) return std::unexpected(where.error());
   SlotRecord& record = *slots_.at(id);
-  if (record.prewarming) {
-    return service_error(
-        error_name::kSlotBusy,
-        fmt::format("slot {} is still prewarming; evict it once it is prewarmed", id));
+  if (record.prewarming || record.verifying) {
+    return service_error(error_name::kSlotBusy,
+                         fmt::format("slot {} is still {}; evict it once it is prewarmed", id,
+                                     record.prewarming ? "prewarming" : "being checked"));
   }
   if (!record.owner.empty()) {
     return service_error(error_name::kSlotBusy,
@@ -313,6 +313,7 @@ SlotStatus NodeService::slot_status_locked(const SlotRecord& r) const {
   // The GPU may call the slot prewarmed a moment before its prewarm thread has finished (and
   // before attach/activate accept it): until then it is still loading.
   if (r.prewarming && s.state == "prewarmed") s.state = "loading";
+  if (r.verifying) s.state = "verifying";  // handed back; offered again once checked
   return s;
 }
 
@@ -361,7 +362,8 @@ ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
   SlotRecord* found = nullptr;
   std::uint64_t found_resident = 0;
   for (auto& [id, record] : slots_) {
-    if (record->key != *key || record->prewarming || record->evicting || !record->owner.empty()) {
+    if (record->key != *key || record->prewarming || record->evicting || record->verifying ||
+        !record->owner.empty()) {
       continue;
     }
     auto info = gpus_[record->gpu]->slot(record->slot);
@@ -451,7 +453,39 @@ ServiceResult<std::size_t> NodeService::free_pages(const std::string& owner, con
   return *freed;
 }
 
-void NodeService::discard_locked(SlotRecord& record) {
+void NodeService::verify_handback(std::shared_ptr<SlotRecord> record, std::string owner) {
+  std::string problem;
+  auto layout = vmm::WeightLayout::engine(record->layout);
+  auto pin = cache_.pin(record->key);
+  if (!layout) {
+    problem = layout.error().message;
+  } else if (!pin) {
+    problem = pin.error().message;
+  } else {
+    CacheWeightSource source(cache_, record->key);
+    auto diff = gpus_[record->gpu]->find_difference(record->slot, *layout, source);
+    if (!diff) {
+      problem = diff.error().message;
+    } else if (*diff) {
+      problem = fmt::format("its bytes at slot offset {} are not the model's", **diff);
+    }
+  }
+  std::lock_guard lock(mutex_);
+  record->verifying = false;
+  record->thread_finished = true;
+  if (problem.empty()) {
+    counters_.handbacks.fetch_add(1);
+    log(LogLevel::info,
+        fmt::format("slot {}: {} handed back by {}: checked, prewarmed for the next engine",
+                    record->id, record->key, owner),
+        {{"MODEL", record->key}, {"SLOT", record->id}, {"GPU", std::to_string(record->gpu)}});
+  } else {
+    discard_locked(*record, fmt::format("after {} handed it back: {}", owner, problem));
+  }
+  changed();
+}
+
+void NodeService::discard_locked(SlotRecord& record, std::string_view why) {
   vmm::GpuMemory& gpu = *gpus_[record.gpu];
   auto info = gpu.slot(record.slot);
   if (!info) return;
@@ -460,9 +494,7 @@ void NodeService::discard_locked(SlotRecord& record) {
     record.evicting = true;  // reap() destroys it once empty
   }
   counters_.discards.fetch_add(1);
-  log(LogLevel::info,
-      fmt::format("slot {}: {} evicted as its engine went without handing it back", record.id,
-                  record.key),
+  log(LogLevel::info, fmt::format("slot {}: {} evicted {}", record.id, record.key, why),
       {{"MODEL", record.key}, {"SLOT", record.id}, {"GPU", std::to_string(record.gpu)}});
 }
 
@@ -478,14 +510,13 @@ std::size_t NodeService::release_owner(const std::string& owner, const std::stri
     }
     record->exports.clear();
     record->owner.clear();
-    if (handback && !record->pages_freed) {
-      counters_.handbacks.fetch_add(1);
-      log(LogLevel::info,
-          fmt::format("slot {}: {} handed back by {}: prewarmed for the next engine", id,
-                      record->key, owner),
-          {{"MODEL", record->key}, {"SLOT", id}, {"GPU", std::to_string(record->gpu)}});
+    if (handback && !record->pages_freed && !shutting_down_) {
+      record->verifying = true;
+      retire(record->thread);  // the prewarm's, finished before any attach
+      record->thread_finished = false;
+      record->thread = std::thread([this, record, owner] { verify_handback(record, owner); });
     } else {
-      discard_locked(*record);
+      discard_locked(*record, "as its engine went without handing it back");
     }
     changed();
   }

@@ -190,12 +190,15 @@ TEST_F(WeightInjection, ZeroCopyFromAnEngineLayoutSlotThenHandBackAndRunAgain) {
     EXPECT_EQ(inj->copied, 0u);
     EXPECT_EQ(inj->freed, 0u);
     EXPECT_TRUE(inj->handed_back) << run.shim_log;
-    // Handed back: still prewarmed, in the engine layout, free for the next engine (once
-    // the bus objects caught up).
+    // Handed back: checked against the model, then prewarmed again in the engine layout,
+    // free for the next engine (and the bus objects caught up).
     nlohmann::json s;
-    for (int i = 0; i < 50; ++i) {
+    for (int i = 0; i < 100; ++i) {
       s = slots();
-      if (s.size() == 1 && s[0].value("owner", "x").empty()) break;
+      if (s.size() == 1 && s[0].value("owner", "x").empty() &&
+          s[0].value("state", "") == "prewarmed") {
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     ASSERT_EQ(s.size(), 1u) << s.dump();

@@ -28,6 +28,7 @@ class NodeServiceTest : public ::testing::Test {
     cache_.emplace(std::move(*cache));
     auto driver = thaw::cuda::Driver::load();
     ASSERT_TRUE(driver) << driver.error().what();
+    driver_ = *driver;
     thaw::vmm::GpuMemoryConfig gc;
     gc.pool_bytes = 64 << 20;
     auto gpu = thaw::vmm::GpuMemory::create(*driver, gc);
@@ -58,6 +59,7 @@ class NodeServiceTest : public ::testing::Test {
 
   TempDir registry_, cache_dir_;
   std::optional<thaw::store::HostCache> cache_;
+  std::shared_ptr<thaw::cuda::Driver> driver_;
   std::unique_ptr<thaw::vmm::GpuMemory> gpu_;
   std::unique_ptr<NodeService> service_;
 };
@@ -109,9 +111,10 @@ TEST_F(NodeServiceTest, AttachIsExclusiveUntilTheOwnerIsReleased) {
   EXPECT_EQ(service_->confirm_import(*slot, a->token + 1).error().name,
             error_name::kInvalidArgument);
   EXPECT_EQ(service_->release_owner("pid 2"), 0u);
-  // A clean hand-back keeps the slot prewarmed for the next engine.
+  // A clean hand-back keeps the slot prewarmed for the next engine, once its bytes are
+  // checked against the model.
   EXPECT_EQ(service_->release_owner("pid 1", "", /*handback=*/true), 1u);
-  EXPECT_EQ(slot_state(*slot), "prewarmed");
+  ASSERT_TRUE(until([&] { return slot_state(*slot) == "prewarmed"; })) << slot_state(*slot);
   EXPECT_EQ(service_->counters().handbacks.load(), 1u);
   auto b = service_->attach("gpt-syn", "pid 3");
   ASSERT_TRUE(b) << b.error().message;
@@ -125,6 +128,33 @@ TEST_F(NodeServiceTest, AttachIsExclusiveUntilTheOwnerIsReleased) {
     service_->reap();
     return !service_->slot(*slot).has_value();
   }));
+  EXPECT_EQ(gpu_->pool().free, gpu_->pool().pages);
+}
+
+TEST_F(NodeServiceTest, AHandedBackSlotWhoseBytesChangedIsEvicted) {
+  auto slot = service_->prewarm("gpt-syn", 0);
+  ASSERT_TRUE(slot);
+  ASSERT_TRUE(until([&] { return slot_state(*slot) == "prewarmed"; }));
+  auto a = service_->attach("gpt-syn", "pid 1");
+  ASSERT_TRUE(a) << a.error().message;
+  for (const auto& p : a->pages.pages) ::close(p.fd);
+  // What an engine that rewrote a weight in place would leave behind.
+  ASSERT_FALSE(a->layout.empty());
+  const auto& piece = a->layout[a->layout.size() / 2];
+  const std::uint32_t poison = 0xdeadbeef;
+  auto context = driver_->primary_ctx_retain(0);
+  ASSERT_TRUE(context);
+  ASSERT_TRUE(driver_->ctx_set_current(*context));
+  ASSERT_TRUE(
+      driver_->memcpy_htod(gpu_->slot(0).value().base + piece.slot_offset, &poison, sizeof poison));
+  (void)driver_->primary_ctx_release(0);
+  EXPECT_EQ(service_->release_owner("pid 1", "", /*handback=*/true), 1u);
+  EXPECT_TRUE(until([&] {
+    service_->reap();
+    return !service_->slot(*slot).has_value();
+  })) << "not offered to the next engine";
+  EXPECT_EQ(service_->counters().handbacks.load(), 0u);
+  EXPECT_EQ(service_->counters().discards.load(), 1u);
   EXPECT_EQ(gpu_->pool().free, gpu_->pool().pages);
 }
 
