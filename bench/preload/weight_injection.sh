@@ -231,7 +231,7 @@ PW=$(median 1 "${COPY[@]}") PF=$(median 2 "${COPY[@]}")
 ZW=$(median 1 "${ZERO[@]}") ZF=$(median 2 "${ZERO[@]}")
 read -r CW1 _ _ <<<"$FIRST_COLD"
 read -r PW1 _ _ <<<"$FIRST_COPY"
-all() { printf '%s\n' "$@" | awk '{ printf "%s%.1f", NR > 1 ? " " : "", $1 * 1e3 }'; }
+all() { printf '%s\n' "$@" | awk '{ printf "%s%.1f", (NR > 1 ? " " : ""), $1 * 1e3 }'; }
 log "weight phases (ms): cold $(all "${COLD[@]}"); copy $(all "${COPY[@]}"); zero-copy $(all "${ZERO[@]}")"
 awk -v cw1="$CW1" -v pw1="$PW1" -v rw="$RW" -v rf="$RF" -v cw="$CW" -v cf="$CF" -v pw="$PW" \
   -v pf="$PF" -v zw="$ZW" -v zf="$ZF" -v n="$ROUNDS" 'BEGIN {

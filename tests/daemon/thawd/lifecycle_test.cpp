@@ -133,8 +133,9 @@ TEST_F(ThawdLifecycle, ReadyReloadingStoppingInOrderAndACleanExit) {
   const std::string status_json = thawctl("--json status", &rc);
   EXPECT_EQ(rc, 0) << status_json;
   EXPECT_EQ(status_json,
-            "{\"cache_budget_bytes\":67108864,\"cache_bytes_used\":0,\"gpus\":1,\"node_id\":"
-            "\"test-node\",\"state\":\"running\",\"version\":\"" THAW_VERSION "\"}\n");
+            "{\"cache_budget_bytes\":67108864,\"cache_bytes_used\":0,\"engine_layout_hits\":0,"
+            "\"gpus\":1,\"handbacks\":0,\"node_id\":\"test-node\",\"prewarm_hits\":0,"
+            "\"prewarm_misses\":0,\"state\":\"running\",\"version\":\"" THAW_VERSION "\"}\n");
   EXPECT_EQ(thawctl("--json gpus", &rc),
             "[{\"free_bytes\":67108864,\"index\":0,\"pool_bytes\":67108864,\"slots\":0}]\n");
   const std::string human = thawctl("status", &rc);
