@@ -85,6 +85,13 @@ std::vector<PlacedReplica> place_prewarm_replicas(std::span<const ModelDemand> m
   for (std::uint32_t j = 0; j < gpus.size(); ++j) {
     if (gpus[j].prewarm_candidate) by_server[gpus[j].server].push_back(j);
   }
+  // A replica lies on one server, so only that server's replicas can overlap a group there.
+  std::map<std::uint32_t, std::vector<std::size_t>> replicas_on;
+  const auto server_of = [&](const PrewarmReplica& r) {
+    return r.gpus.empty() || r.gpus.front() >= gpus.size() ? ~0u : gpus[r.gpus.front()].server;
+  };
+  for (std::size_t i = 0; i < replicas.size(); ++i)
+    replicas_on[server_of(replicas[i])].push_back(i);
   std::vector<PlacedReplica> placed;
   for (const Wanted& w : wanted) {
     const ModelDemand& m = *w.model;
@@ -98,9 +105,11 @@ std::vector<PlacedReplica> place_prewarm_replicas(std::span<const ModelDemand> m
       for (std::uint32_t j : all) {
         if (free[j] >= need) fit.push_back(j);
       }
+      const std::vector<std::size_t>& here = replicas_on[server];
       for_each_subset(fit, m.parallelism, [&](const std::vector<std::uint32_t>& g) {
         double highest = 0, sum = 0;
-        for (const PrewarmReplica& r : replicas) {
+        for (std::size_t i : here) {
+          const PrewarmReplica& r = replicas[i];
           const Relation rel = relation(g, r.gpus);
           if (rel == Relation::disjoint) continue;
           if (rel == Relation::partial || r.model == m.model) return;  // not a valid group
@@ -121,6 +130,7 @@ std::vector<PlacedReplica> place_prewarm_replicas(std::span<const ModelDemand> m
     if (!best) continue;  // no valid group: the next replica
     for (std::uint32_t j : *best) free[j] -= need;
     PrewarmReplica r{m.model, *best, w.r.score};
+    replicas_on[gpus[best->front()].server].push_back(replicas.size());
     replicas.push_back(r);
     placed.push_back({std::move(r), w.r.burst, w.r.rank});
   }
