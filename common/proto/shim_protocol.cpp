@@ -76,6 +76,14 @@ bool is_known(std::uint16_t type) {
          type <= static_cast<std::uint16_t>(MessageType::free_pages);
 }
 
+Message reply_to(const Message& request, MessageType type, nlohmann::json body) {
+  Message r;
+  r.type = type;
+  r.request_id = request.request_id;
+  r.body = std::move(body);
+  return r;
+}
+
 std::expected<std::vector<std::byte>, std::string> encode(const Message& message) {
   const std::string payload = message.body.dump();
   if (kHeaderBytes + payload.size() > kMaxMessageBytes) {

@@ -99,6 +99,9 @@ struct Message {
   nlohmann::json body = nlohmann::json::object();
 };
 
+// The reply to `request`: its request id, `type`, `body`.
+Message reply_to(const Message& request, MessageType type, nlohmann::json body);
+
 // Header + payload bytes. Fails if the payload would exceed kMaxMessageBytes.
 std::expected<std::vector<std::byte>, std::string> encode(const Message& message);
 

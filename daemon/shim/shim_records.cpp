@@ -15,14 +15,6 @@ namespace {
 using proto::Message;
 using proto::MessageType;
 
-Message reply_to(const Message& request, MessageType type, nlohmann::json body) {
-  Message r;
-  r.type = type;
-  r.request_id = request.request_id;
-  r.body = std::move(body);
-  return r;
-}
-
 std::optional<std::uint64_t> unsigned_field(const nlohmann::json& body, const char* name) {
   auto it = body.find(name);
   if (it == body.end() || !it->is_number_unsigned()) return std::nullopt;
@@ -57,7 +49,7 @@ bool ShimServer::handle_report_artifact(Connection& c, proto::Received& in) {
       fmt::format("shim client {}: stored its {} artifact for {} on {} ({} bytes, {})", c.owner,
                   id->kind, id->model, id->gpu, *bytes, *key),
       {{"MODEL", id->model}});
-  return send(c, reply_to(m, MessageType::ok, {{"key", *key}}));
+  return send(c, proto::reply_to(m, MessageType::ok, {{"key", *key}}));
 }
 
 bool ShimServer::handle_get_artifact(Connection& c, const Message& m) {
@@ -67,8 +59,9 @@ bool ShimServer::handle_get_artifact(Connection& c, const Message& m) {
   auto found = artifacts_.get(*id);
   if (!found) return reply_error(c, m, found.error());
   counters_.artifacts_served.fetch_add(1);
-  return send(c, reply_to(m, MessageType::artifact, {{"key", found->key}, {"bytes", found->bytes}}),
-              {found->fd.get()});
+  return send(
+      c, proto::reply_to(m, MessageType::artifact, {{"key", found->key}, {"bytes", found->bytes}}),
+      {found->fd.get()});
 }
 
 bool ShimServer::handle_report_counters(Connection& c, const Message& m) {
@@ -89,7 +82,7 @@ bool ShimServer::handle_report_counters(Connection& c, const Message& m) {
   }
   counters_.engine_reports.fetch_add(1);
   log(LogLevel::debug, fmt::format("shim client {}: counters {}", c.owner, it->dump()));
-  return send(c, reply_to(m, MessageType::ok, nlohmann::json::object()));
+  return send(c, proto::reply_to(m, MessageType::ok, nlohmann::json::object()));
 }
 
 bool ShimServer::handle_export_ipc(Connection& c, proto::Received& in) {
@@ -99,7 +92,7 @@ bool ShimServer::handle_export_ipc(Connection& c, proto::Received& in) {
   auto token = ipc_exports_.add(c.id, std::move(in.fds.front()), *bytes);
   if (!token) return reply_error(c, m, token.error());
   counters_.ipc_exports.fetch_add(1);
-  return send(c, reply_to(m, MessageType::ok, {{"token", *token}}));
+  return send(c, proto::reply_to(m, MessageType::ok, {{"token", *token}}));
 }
 
 bool ShimServer::handle_import_ipc(Connection& c, const Message& m) {
@@ -108,7 +101,7 @@ bool ShimServer::handle_import_ipc(Connection& c, const Message& m) {
   auto found = ipc_exports_.find(*token);
   if (!found) return reply_error(c, m, found.error());
   counters_.ipc_imports.fetch_add(1);
-  return send(c, reply_to(m, MessageType::ipc, {{"bytes", found->bytes}}), {found->fd});
+  return send(c, proto::reply_to(m, MessageType::ipc, {{"bytes", found->bytes}}), {found->fd});
 }
 
 }  // namespace thaw::daemon

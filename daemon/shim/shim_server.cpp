@@ -218,11 +218,7 @@ bool ShimServer::handle(Connection& c, proto::Received& in) {
       m.type == MessageType::report_artifact || m.type == MessageType::export_ipc;
   if (in.fds.size() != (carries_fd ? 1u : 0u)) return false;
   auto reply_of = [&](MessageType type, nlohmann::json body) {
-    Message r;
-    r.type = type;
-    r.request_id = m.request_id;
-    r.body = std::move(body);
-    return r;
+    return proto::reply_to(m, type, std::move(body));
   };
   if (!c.greeted && m.type != MessageType::hello) return false;
   switch (m.type) {

@@ -6,18 +6,15 @@ namespace thaw::preload {
 
 void LayoutRecorder::region_reserved(CUdevice device, std::uint64_t base,
                                      std::uint64_t granularity) {
-  std::optional<std::string> stop;
-  {
-    std::lock_guard lock(mutex_);
-    live_.va_base = base;
-    live_.granularity = granularity;
-    live_.identity.engine = env_.engine;
-    if (env_.gpu_name) live_.identity.gpu = env_.gpu_name(device).value_or("");
-    if (env_.driver_version) live_.identity.driver = env_.driver_version().value_or("");
-    stop = lookup_locked();
-  }
-  // No allocation has been made yet, so there is no prefix to have diverged.
-  (void)stop;
+  std::lock_guard lock(mutex_);
+  live_.va_base = base;
+  live_.granularity = granularity;
+  live_.identity.engine = env_.engine;
+  if (env_.gpu_name) live_.identity.gpu = env_.gpu_name(device).value_or("");
+  if (env_.driver_version) live_.identity.driver = env_.driver_version().value_or("");
+  // No allocation has been made yet, so there is no prefix that could have diverged from
+  // the record: the lookup's verdict on it is always "none".
+  (void)lookup_locked();
 }
 
 std::optional<std::string> LayoutRecorder::admit(std::uint64_t index, std::uint64_t size,
