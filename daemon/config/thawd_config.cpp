@@ -161,23 +161,26 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
     return Fail(ConfigError{fmt::format("{}: {}; fix the TOML syntax there",
                                         where(origin, e.source()), e.description())});
   }
-  static const std::set<std::string_view> kSections = {"node", "store", "gpu",
-                                                       "shim", "dbus",  "metrics"};
+  static const std::set<std::string_view> kSections = {"node", "store",   "gpu",        "shim",
+                                                       "dbus", "metrics", "coordinator"};
   for (const auto& [key, node] : root) {
     if (!kSections.contains(key.str()) || !node.is_table()) {
       return bad(origin, node, key.str(),
                  node.is_table() ? "unknown section; thawd.toml has [node], [store], [gpu], "
-                                   "[shim], [dbus] and [metrics]"
+                                   "[shim], [dbus], [metrics] and [coordinator]"
                                  : "top-level keys belong in a section such as [store]");
     }
   }
   ThawdConfig c;
   const Section node(root, "node", origin), store(root, "store", origin), gpu(root, "gpu", origin),
-      shim(root, "shim", origin), dbus(root, "dbus", origin), metrics(root, "metrics", origin);
+      shim(root, "shim", origin), dbus(root, "dbus", origin), metrics(root, "metrics", origin),
+      coordinator(root, "coordinator", origin);
   for (auto ok : {node.only({"id", "state_dir"}),
                   store.only({"cache_dir", "cache_budget", "registry", "connections", "max_rate"}),
                   gpu.only({"pool_share", "max_slots"}), shim.only({"socket", "allow_groups"}),
-                  dbus.only({"bus"}), metrics.only({"listen"})}) {
+                  dbus.only({"bus"}), metrics.only({"listen"}),
+                  coordinator.only({"endpoint", "server_key", "key", "network", "pcie",
+                                    "worker_command", "worker_preload"})}) {
     if (!ok) return Fail(ok.error());
   }
   for (auto ok :
@@ -188,7 +191,13 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
         read_count(store, "connections", c.connections, 1, 256),
         read_rate(store, "max_rate", c.max_rate_bytes_per_s),
         read_count(gpu, "max_slots", c.max_slots, 1, 64), read_path(shim, "socket", c.socket_path),
-        read_string(dbus, "bus", c.bus), read_metrics_listen(metrics, c.metrics_listen)}) {
+        read_string(dbus, "bus", c.bus), read_metrics_listen(metrics, c.metrics_listen),
+        read_string(coordinator, "endpoint", c.coordinator_endpoint),
+        read_path(coordinator, "server_key", c.coordinator_key),
+        read_path(coordinator, "key", c.node_key),
+        read_rate(coordinator, "network", c.network_bytes_per_s),
+        read_rate(coordinator, "pcie", c.pcie_bytes_per_s),
+        read_path(coordinator, "worker_preload", c.worker_preload)}) {
     if (!ok) return Fail(ok.error());
   }
   if (const toml::node* n = gpu.get("pool_share")) {
@@ -211,6 +220,29 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
       }
       c.allow_groups.push_back(*name);
     }
+  }
+  if (const toml::node* n = coordinator.get("worker_command")) {
+    const toml::array* argv = n->as_array();
+    if (argv == nullptr || argv->empty()) {
+      return bad(origin, *n, "coordinator.worker_command",
+                 "must be a non-empty array: the program's absolute path, then its arguments");
+    }
+    for (const toml::node& a : *argv) {
+      if (!a.is_string()) {
+        return bad(origin, a, "coordinator.worker_command", "every entry must be a string");
+      }
+      c.worker_command.push_back(*a.value<std::string>());
+    }
+    if (c.worker_command.front().empty() || c.worker_command.front().front() != '/') {
+      return bad(origin, *n, "coordinator.worker_command",
+                 fmt::format("'{}' is not an absolute path", c.worker_command.front()));
+    }
+  }
+  if (!c.coordinator_endpoint.empty() && !c.coordinator_endpoint.starts_with("tcp://") &&
+      !c.coordinator_endpoint.starts_with("ipc://")) {
+    return bad(origin, *coordinator.get("endpoint"), "coordinator.endpoint",
+               fmt::format("'{}' is not a ZeroMQ address such as \"tcp://coord.internal:5570\"",
+                           c.coordinator_endpoint));
   }
   if (c.bus != "system" && c.bus != "user" && c.bus.find(':') == std::string::npos) {
     return bad(origin, *dbus.get("bus"), "dbus.bus",
@@ -249,6 +281,13 @@ std::vector<std::string> restart_needed(const ThawdConfig& a, const ThawdConfig&
   if (a.socket_path != b.socket_path) out.push_back("shim.socket");
   if (a.bus != b.bus) out.push_back("dbus.bus");
   if (a.metrics_listen != b.metrics_listen) out.push_back("metrics.listen");
+  if (a.coordinator_endpoint != b.coordinator_endpoint) out.push_back("coordinator.endpoint");
+  if (a.coordinator_key != b.coordinator_key) out.push_back("coordinator.server_key");
+  if (a.node_key != b.node_key) out.push_back("coordinator.key");
+  if (a.network_bytes_per_s != b.network_bytes_per_s) out.push_back("coordinator.network");
+  if (a.pcie_bytes_per_s != b.pcie_bytes_per_s) out.push_back("coordinator.pcie");
+  if (a.worker_command != b.worker_command) out.push_back("coordinator.worker_command");
+  if (a.worker_preload != b.worker_preload) out.push_back("coordinator.worker_preload");
   return out;
 }
 

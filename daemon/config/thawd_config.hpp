@@ -38,6 +38,15 @@ struct ThawdConfig {
   std::string bus = "system";  // "system", "user", or a D-Bus address ("unix:path=...")
   // [metrics]
   std::string metrics_listen;  // "" = off; "127.0.0.1:PORT" or "[::1]:PORT" (loopback only)
+  // [coordinator]: thawd's cluster agent (daemon/agent)
+  std::string coordinator_endpoint;  // "" = no coordinator; e.g. "tcp://coord.internal:5570"
+  std::filesystem::path coordinator_key = "/etc/thaw/coordinator.pub";  // its public key
+  std::filesystem::path node_key = "/etc/thaw/node.key";  // this node's secret key (mode 600)
+  std::uint64_t network_bytes_per_s = 0;  // the node's link (HydraServe's B); 0 = unknown
+  std::uint64_t pcie_bytes_per_s = 0;     // host → GPU; 0 = unknown
+  // launch-worker tasks: argv with {model} {key} {stage} {stages} {gpu} {plan} replaced
+  std::vector<std::string> worker_command;
+  std::filesystem::path worker_preload = "/usr/lib/thaw/libthaw-preload.so";
 
   bool operator==(const ThawdConfig&) const = default;
 };

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/signalfd.h>
+#include <systemd/sd-daemon.h>
 #include <systemd/sd-id128.h>
 #include <unistd.h>
 
@@ -100,6 +101,11 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   if (!shim) return std::unexpected(shim.error());
   d->shim_ = std::move(*shim);
 
+  if (!c.coordinator_endpoint.empty()) {
+    notifier.status("connecting to the coordinator at " + c.coordinator_endpoint);
+    if (auto ok = d->start_agent(info.node_id); !ok) return std::unexpected(ok.error());
+  }
+
   if (!c.metrics_listen.empty()) {
     auto metrics = MetricsServer::start(c.metrics_listen, [t = d.get()] {
       return render_openmetrics(*t->service_, t->shim_->counters(), t->cache_->bytes_used(),
@@ -131,16 +137,50 @@ Thawd::Thawd(std::filesystem::path config_path, ServiceNotifier& notifier, Thawd
     : config_path_(std::move(config_path)), notifier_(notifier), config_(std::move(config)) {}
 
 Thawd::~Thawd() {
+  agent_.reset();  // no new tasks
   metrics_.reset();
   bus_.reset();
   shim_.reset();  // every client's slots given back
   // Fetches cancelled and prewarms finished before the GPUs and the cache go away.
+  tasks_.reset();
+  workers_.reset();  // supervised workers stopped (transient units keep running)
   if (service_) service_->shutdown();
   service_.reset();
   for (sd_event_source* s : sources_) sd_event_source_unref(s);
   // GPU memory first: every slot and page back to the driver before the process exits.
   gpus_.clear();
   if (event_ != nullptr) sd_event_unref(event_);
+}
+
+std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) {
+  const ThawdConfig& c = config_;
+  auto node_key = zmqx::load_secret_key(c.node_key);
+  if (!node_key) {
+    return std::unexpected(fmt::format(
+        "coordinator.key: {} (make this node's pair with `thaw-coordinator keygen {}` and copy "
+        "the .pub to the coordinator's allow directory as {}.pub)",
+        node_key.error(), c.node_key.parent_path().string() + "/" + c.node_key.stem().string(),
+        node_id));
+  }
+  auto server_key = zmqx::load_public_key(c.coordinator_key);
+  if (!server_key) return std::unexpected("coordinator.server_key: " + server_key.error());
+  workers_ = std::make_unique<WorkerLauncher>(c.state_dir / "workers", sd_booted() > 0);
+  tasks_ = std::make_unique<TaskRunner>(
+      *service_, *workers_,
+      WorkerSettings{c.worker_command, c.worker_preload.string(), c.socket_path.string()});
+  AgentConfig agent;
+  agent.endpoint = c.coordinator_endpoint;
+  agent.node_id = node_id;
+  agent.node_key = *node_key;
+  agent.coordinator_public_z85 = *server_key;
+  agent.network_bytes_per_s = c.network_bytes_per_s;
+  agent.pcie_bytes_per_s = c.pcie_bytes_per_s;
+  auto started = ClusterAgent::start(std::move(agent), *service_, *tasks_, *workers_);
+  if (!started) return std::unexpected("coordinator: " + started.error());
+  agent_ = std::move(*started);
+  log(LogLevel::info, fmt::format("cluster agent: node {} connecting to {}", node_id,
+                                  c.coordinator_endpoint));
+  return {};
 }
 
 ManagerInfo Thawd::manager_info() {

@@ -21,6 +21,9 @@
 #include <vector>
 
 #include "common/cuda/driver.hpp"
+#include "daemon/agent/cluster_agent.hpp"
+#include "daemon/agent/task_runner.hpp"
+#include "daemon/agent/worker_launcher.hpp"
 #include "daemon/api/node_bus.hpp"
 #include "daemon/config/thawd_config.hpp"
 #include "daemon/core/service_notifier.hpp"
@@ -51,6 +54,7 @@ class Thawd {
   Thawd(std::filesystem::path config_path, ServiceNotifier& notifier, ThawdConfig config);
   std::string status_line() const;
   ManagerInfo manager_info();
+  std::expected<void, std::string> start_agent(const std::string& node_id);
   void reload();
   static int on_status_timer(sd_event_source* source, uint64_t usec, void* self);
   static int on_signal(sd_event_source* source, const struct signalfd_siginfo* info, void* self);
@@ -64,6 +68,10 @@ class Thawd {
   std::unique_ptr<AccessPolicy> access_;
   std::unique_ptr<NodeService> service_;  // uses cache_ and gpus_
   std::unique_ptr<ArtifactStore> artifacts_;
+  // The cluster agent (coordinator.endpoint set): stopped before service_ goes.
+  std::unique_ptr<WorkerLauncher> workers_;
+  std::unique_ptr<TaskRunner> tasks_;
+  std::unique_ptr<ClusterAgent> agent_;
   std::string state_ = "starting";
   std::string last_status_;
   sd_event* event_ = nullptr;

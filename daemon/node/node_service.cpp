@@ -48,17 +48,20 @@ ServiceResult<std::string> NodeService::key_for(const std::string& key_or_name) 
   return *key;
 }
 
-ServiceResult<std::string> NodeService::fetch(const std::string& model) {
+ServiceResult<std::string> NodeService::fetch(const std::string& model,
+                                              std::optional<store::StageSpec> stage,
+                                              bool consolidate) {
   auto key = key_for(model);
   if (!key) return std::unexpected(key.error());
   std::lock_guard lock(mutex_);
-  auto job = start_fetch_locked(model, *key);
+  auto job = start_fetch_locked(model, *key, stage, consolidate);
   if (!job) return std::unexpected(job.error());
   return *key;
 }
 
 ServiceResult<std::shared_ptr<NodeService::FetchJob>> NodeService::start_fetch_locked(
-    const std::string& name, const std::string& key) {
+    const std::string& name, const std::string& key, std::optional<store::StageSpec> stage,
+    bool consolidate) {
   if (shutting_down_) return service_error(error_name::kShuttingDown, "thawd is stopping");
   if (auto it = fetches_.find(key); it != fetches_.end() && !it->second->done()) return it->second;
   if (config_.registry.empty()) {
@@ -81,6 +84,8 @@ ServiceResult<std::shared_ptr<NodeService::FetchJob>> NodeService::start_fetch_l
   store::ModelFetchOptions options;
   options.model = name;
   options.cache_key = key;
+  options.stage = stage;
+  options.consolidate = stage.has_value() && consolidate;
   options.fetcher.max_connections = std::max<std::uint32_t>(config_.connections, 1);
   options.fetcher.connections_per_file = options.fetcher.max_connections;
   options.fetcher.rate_limits[static_cast<std::size_t>(store::FetchClass::critical)] =
@@ -90,7 +95,12 @@ ServiceResult<std::shared_ptr<NodeService::FetchJob>> NodeService::start_fetch_l
   };
   job->fetch = std::make_unique<store::ModelFetch>(*job->registry, cache_, std::move(options));
   counters_.fetches_started.fetch_add(1);
-  log(LogLevel::info, fmt::format("fetching {} from {}", name, job->registry->describe()),
+  log(LogLevel::info,
+      fmt::format("fetching {}{} from {}", name,
+                  stage ? fmt::format(" (stage {} of {}{})", stage->stage + 1, stage->num_stages,
+                                      consolidate ? ", then the rest" : "")
+                        : "",
+                  job->registry->describe()),
       {{"MODEL", key}});
   job->thread = std::thread([this, job] {
     auto result = job->fetch->run();

@@ -144,7 +144,11 @@ class NodeService {
 
   void set_config(NodeServiceConfig config);  // SIGHUP: used by fetches started from now on
 
-  ServiceResult<std::string> fetch(const std::string& model);
+  // `stage`: only pipeline stage k of n (HydraServe); `consolidate`: then the rest of the
+  // model at background class. Asking while a fetch of the model runs joins that one.
+  ServiceResult<std::string> fetch(const std::string& model,
+                                   std::optional<store::StageSpec> stage = std::nullopt,
+                                   bool consolidate = false);
   // Where prewarms find engine layouts (thawd: its artifact store). Unset: always packed.
   void set_engine_layouts(EngineLayoutLookup lookup);
 
@@ -191,8 +195,9 @@ class NodeService {
   struct FetchJob;
   struct SlotRecord;
 
-  ServiceResult<std::shared_ptr<FetchJob>> start_fetch_locked(const std::string& name,
-                                                              const std::string& key);
+  ServiceResult<std::shared_ptr<FetchJob>> start_fetch_locked(
+      const std::string& name, const std::string& key,
+      std::optional<store::StageSpec> stage = std::nullopt, bool consolidate = false);
   ModelStatus status_of_locked(const std::string& key, const store::CachedModelInfo* cached) const;
   ServiceResult<std::pair<std::uint32_t, vmm::SlotId>> parse_slot_locked(
       const std::string& id) const;

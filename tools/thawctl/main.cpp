@@ -6,6 +6,7 @@
 //     prewarm MODEL [--gpu N] [--layers K] [--no-wait]
 //     activate SLOT [--kv-bytes SIZE] | deactivate SLOT | evict SLOT
 //     wait MODEL [--timeout SECONDS]
+//     cluster deploy|cold-start|load|state   (thaw-coordinator's frontend endpoint, not D-Bus)
 //
 // Exit codes: 0 done; 1 thawd unreachable or it refused (the message says why); 2 bad
 // usage; 3 the fetch or prewarm failed; 4 timed out.
@@ -14,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 
+#include "cluster_commands.hpp"
 #include "commands.hpp"
 #include "common/text/byte_size.hpp"
 
@@ -57,6 +59,41 @@ int main(int argc, char** argv) {
   auto* wait_cmd = app.add_subcommand("wait", "wait until a model is cached (or its fetch fails)");
   wait_cmd->add_option("model", model, "registry name or cache key")->required();
   wait_cmd->add_option("--timeout", o.timeout_s, "give up after this many seconds (exit 4)");
+  // cluster: thaw-coordinator's frontend endpoint (ZeroMQ), not thawd.
+  ClusterOptions cluster;
+  const char* env_coordinator = std::getenv("THAW_COORDINATOR");
+  cluster.endpoint =
+      env_coordinator != nullptr ? env_coordinator : "ipc:///run/thaw/coordinator.sock";
+  thaw::cluster::v1::ModelSpec spec;
+  std::string size_text;
+  double rps = 0;
+  auto* cluster_cmd =
+      app.add_subcommand("cluster", "the cluster's coordinator: deploy, cold-start, load, state");
+  cluster_cmd->require_subcommand(1);
+  cluster_cmd->add_option("--coordinator", cluster.endpoint,
+                          "its frontend endpoint (default: $THAW_COORDINATOR or "
+                          "ipc:///run/thaw/coordinator.sock)");
+  cluster_cmd->add_option("--timeout", cluster.timeout_s, "seconds to wait for a reply")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  auto* deploy_cmd = cluster_cmd->add_subcommand("deploy", "describe a model to the coordinator");
+  deploy_cmd->add_option("model", model, "registry name, as nodes fetch it")->required();
+  deploy_cmd->add_option("--size", size_text, "weight bytes, e.g. 13GiB")->required();
+  deploy_cmd->add_option("--layers", o.layers, "transformer layers")->check(CLI::NonNegativeNumber);
+  double ttft = 0, tpot = 0, prefill = 0, decode = 0;
+  deploy_cmd->add_option("--ttft", ttft, "TTFT SLO in seconds (0: none)")->check(CLI::NonNegativeNumber);
+  deploy_cmd->add_option("--tpot", tpot, "TPOT SLO in seconds (0: none)")->check(CLI::NonNegativeNumber);
+  deploy_cmd->add_option("--prefill", prefill, "prefill time on one GPU, seconds (t_p)")
+      ->check(CLI::NonNegativeNumber);
+  deploy_cmd->add_option("--decode", decode, "time per output token on one GPU, seconds (t_d)")
+      ->check(CLI::NonNegativeNumber);
+  auto* cold_cmd = cluster_cmd->add_subcommand(
+      "cold-start", "plan a cold start (pipeline stages on nodes) and send its tasks");
+  cold_cmd->add_option("model", model, "a deployed model")->required();
+  auto* load_cmd = cluster_cmd->add_subcommand("load", "report a model's load");
+  load_cmd->add_option("model", model, "a deployed model")->required();
+  load_cmd->add_option("rps", rps, "requests per second")->required()->check(CLI::NonNegativeNumber);
+  auto* state_cmd = cluster_cmd->add_subcommand("state", "nodes, deployed models and plans");
   app.footer(
       "Exit codes: 0 done, 1 thawd unreachable or refused (see the message), 2 bad usage,\n"
       "3 the fetch or prewarm failed, 4 timed out.");
@@ -67,6 +104,33 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitUsage;
   }
   o.wait = !no_wait;
+  if (cluster_cmd->parsed()) {
+    cluster.json = o.json;
+    try {
+      if (deploy_cmd->parsed()) {
+        auto size = thaw::text::parse_byte_size(size_text);
+        if (!size || *size == 0) {
+          fmt::print(stderr, "thawctl: --size {}: not a size (e.g. 13GiB, 500MB)\n", size_text);
+          return kExitUsage;
+        }
+        spec.set_name(model);
+        spec.set_size_bytes(*size);
+        spec.set_layers(static_cast<std::uint32_t>(o.layers.value_or(0)));
+        spec.set_slo_ttft_s(ttft);
+        spec.set_slo_tpot_s(tpot);
+        spec.set_prefill_s(prefill);
+        spec.set_decode_s(decode);
+        return cluster_deploy(spec, cluster);
+      }
+      if (cold_cmd->parsed()) return cluster_cold_start(model, cluster);
+      if (load_cmd->parsed()) return cluster_load(model, rps, cluster);
+      if (state_cmd->parsed()) return cluster_state(cluster);
+    } catch (const Failure& f) {
+      if (o.json) fmt::print("{}\n", nlohmann::json{{"error", "cluster"}, {"message", f.message}}.dump());
+      fmt::print(stderr, "thawctl: {}\n", f.message);
+      return f.exit_code;
+    }
+  }
   if (gpu >= 0) o.gpu = gpu;
   auto kv_bytes = kv.empty() ? std::optional<std::uint64_t>(0) : thaw::text::parse_byte_size(kv);
   if (!kv_bytes) {

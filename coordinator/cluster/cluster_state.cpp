@@ -1,0 +1,367 @@
+#include "coordinator/cluster/cluster_state.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "common/proto/cluster/cluster_codec.hpp"
+#include "coordinator/policy/hydraserve_allocation.hpp"
+
+namespace thaw::coordinator {
+namespace {
+
+constexpr double kNoSlo = 1e9;  // an SLO of 0 means none: every scheme meets it
+
+v1::CoordinatorMessage heartbeat_message(std::uint64_t sequence) {
+  v1::CoordinatorMessage m;
+  m.mutable_heartbeat()->set_sequence(sequence);
+  return m;
+}
+
+double stage_bytes(const v1::ModelSpec& model, std::uint32_t stages) {
+  return static_cast<double>(model.size_bytes()) / std::max<std::uint32_t>(stages, 1);
+}
+
+// A node's PCIe bandwidth for Alg. 1's p_x: its slowest GPU's (they load in parallel).
+double node_pcie(const v1::Register& r) {
+  double p = 0;
+  for (const v1::GpuInfo& g : r.gpus()) {
+    if (g.pcie_bytes_per_s() > 0) p = p == 0 ? g.pcie_bytes_per_s() : std::min(p, g.pcie_bytes_per_s());
+  }
+  return p > 0 ? p : 16e9;  // no figure reported: PCIe 4.0 x16's
+}
+
+}  // namespace
+
+ClusterState::ClusterState(ClusterConfig config) : config_(std::move(config)) {}
+
+std::vector<Outbound> ClusterState::on_node_message(const std::string& node_id,
+                                                    const v1::NodeMessage& message, double now) {
+  std::vector<Outbound> out;
+  auto it = nodes_.find(node_id);
+  if (message.body_case() == v1::NodeMessage::kRegister) {
+    NodeRecord& node = nodes_[node_id];
+    node.report = message.register_();
+    node.last_heard = now;
+    node.alive = true;
+    rebuild_from(node_id, node.report);
+    v1::CoordinatorMessage welcome;
+    welcome.mutable_welcome()->set_heartbeat_interval_ms(
+        static_cast<std::uint32_t>(std::lround(config_.heartbeat_interval_s * 1000)));
+    welcome.mutable_welcome()->set_liveness(static_cast<std::uint32_t>(config_.liveness));
+    out.push_back({node_id, std::move(welcome)});
+    node.last_heartbeat_sent = now;
+    return out;
+  }
+  if (it == nodes_.end() || !it->second.alive) {
+    // Unknown (this coordinator restarted) or declared dead (its stages moved): the node's
+    // full report is needed before anything it says can be placed.
+    v1::CoordinatorMessage again;
+    again.mutable_re_register()->set_reason(it == nodes_.end()
+                                                ? "the coordinator does not know this node"
+                                                : "this node was declared dead");
+    out.push_back({node_id, std::move(again)});
+    return out;
+  }
+  it->second.last_heard = now;
+  if (message.body_case() == v1::NodeMessage::kProgress) apply_progress(node_id, message.progress());
+  return out;
+}
+
+void ClusterState::rebuild_from(const std::string& node_id, const v1::Register& report) {
+  for (const v1::TaskStatus& status : report.tasks()) {
+    const v1::Task& task = status.task();
+    models_.try_emplace(task.model().name(), task.model());
+    auto [it, created] = plans_.try_emplace(task.plan_id());
+    PlanRecord& plan = it->second;
+    if (created) {
+      plan.model = task.model();
+      plan.plan.set_id(task.plan_id());
+      plan.plan.set_model(task.model().name());
+      plan.plan.set_stages(task.stages());
+      plan.plan.set_rebuilt(true);
+    }
+    if (task.kind() != v1::TASK_FETCH || task.stages() != plan.plan.stages()) continue;
+    // The stage's placement: this node's, unless it moved to another live node meanwhile.
+    v1::PlannedStage* stage = nullptr;
+    for (v1::PlannedStage& s : *plan.plan.mutable_placement()) {
+      if (s.stage() == task.stage()) stage = &s;
+    }
+    if (stage == nullptr) {
+      stage = plan.plan.add_placement();
+      stage->set_stage(task.stage());
+    } else if (stage->node_id() != node_id) {
+      auto other = nodes_.find(stage->node_id());
+      if (other != nodes_.end() && other->second.alive) continue;
+    }
+    stage->set_node_id(node_id);
+    stage->set_gpu(task.gpu());
+    stage->set_full_memory(task.full_memory());
+    stage->set_fetch_state(status.state());
+    stage->set_bytes_done(status.bytes_done());
+    stage->set_bytes_total(status.bytes_total());
+  }
+  for (auto& [id, plan] : plans_) {
+    auto& placement = *plan.plan.mutable_placement();
+    std::sort(placement.begin(), placement.end(),
+              [](const auto& a, const auto& b) { return a.stage() < b.stage(); });
+  }
+}
+
+void ClusterState::apply_progress(const std::string& node_id, const v1::TaskStatus& status) {
+  NodeRecord& node = nodes_.at(node_id);
+  bool replaced = false;
+  for (v1::TaskStatus& held : *node.report.mutable_tasks()) {
+    if (held.task().id() == status.task().id()) {
+      held = status;
+      replaced = true;
+    }
+  }
+  if (!replaced) *node.report.add_tasks() = status;
+  if (status.task().kind() != v1::TASK_FETCH) return;
+  auto plan = plans_.find(status.task().plan_id());
+  if (plan == plans_.end()) return;
+  for (v1::PlannedStage& s : *plan->second.plan.mutable_placement()) {
+    if (s.stage() == status.task().stage() && s.node_id() == node_id) {
+      s.set_fetch_state(status.state());
+      s.set_bytes_done(status.bytes_done());
+      s.set_bytes_total(status.bytes_total());
+    }
+  }
+}
+
+std::vector<Outbound> ClusterState::tick(double now, std::vector<std::string>* died) {
+  std::vector<Outbound> out;
+  const double deadline = config_.heartbeat_interval_s * config_.liveness;
+  std::vector<std::string> dead;
+  for (auto& [id, node] : nodes_) {
+    if (!node.alive) continue;
+    if (now - node.last_heard > deadline) {
+      node.alive = false;
+      dead.push_back(id);
+      continue;
+    }
+    if (now - node.last_heartbeat_sent >= config_.heartbeat_interval_s) {
+      out.push_back({id, heartbeat_message(static_cast<std::uint64_t>(now * 1000))});
+      node.last_heartbeat_sent = now;
+    }
+  }
+  for (const std::string& id : dead) replan_stages_of(id, out);
+  if (died != nullptr) *died = std::move(dead);
+  return out;
+}
+
+double ClusterState::next_deadline(double now) const {
+  double next = config_.heartbeat_interval_s;
+  const double liveness = config_.heartbeat_interval_s * config_.liveness;
+  for (const auto& [id, node] : nodes_) {
+    if (!node.alive) continue;
+    next = std::min(next, node.last_heartbeat_sent + config_.heartbeat_interval_s - now);
+    next = std::min(next, node.last_heard + liveness - now);
+  }
+  return std::max(next, 0.0);
+}
+
+void ClusterState::send_stage_tasks(PlanRecord& plan, const v1::PlannedStage& stage,
+                                    std::vector<Outbound>& out) const {
+  auto task_for = [&](v1::TaskKind kind) {
+    v1::CoordinatorMessage m;
+    v1::Task* t = m.mutable_task();
+    t->set_id(fmt::format("{}/{}/{}", plan.plan.id(), stage.stage(),
+                          cluster::task_kind_name(kind)));
+    t->set_plan_id(plan.plan.id());
+    t->set_kind(kind);
+    *t->mutable_model() = plan.model;
+    t->set_stage(stage.stage());
+    t->set_stages(plan.plan.stages());
+    t->set_gpu(stage.gpu());
+    t->set_full_memory(stage.full_memory());
+    // The full-memory worker of stage 0 will hold the whole model after scale-down (§6.1):
+    // it fetches the rest at background class once its stage is in.
+    t->set_consolidate(stage.full_memory() && stage.stage() == 0 && plan.plan.stages() > 1);
+    return m;
+  };
+  out.push_back({stage.node_id(), task_for(v1::TASK_FETCH)});
+  if (config_.launch_workers) out.push_back({stage.node_id(), task_for(v1::TASK_LAUNCH_WORKER)});
+}
+
+std::expected<v1::Plan, std::string> ClusterState::plan_cold_start(const v1::ModelSpec& model,
+                                                                   double now,
+                                                                   std::vector<Outbound>& out) {
+  // The snapshot Alg. 1 runs on: live nodes with GPUs; b_x is what a new worker would get
+  // on the node's link shared with the fetches it is running (Eq. 3's B/(N+1)), and a node
+  // whose running fetches would miss their deadlines at that share is left out (Eq. 3 with
+  // the smallest stage a plan can have, M/4). Running fetches have no deadline here (SLOs
+  // are on the whole cold start), so the check bites only on nodes with pending bytes that
+  // the slower share would push past the TTFT SLO.
+  std::vector<policy::ServerState> servers;
+  std::vector<std::string> node_of;
+  const double slo_ttft = model.slo_ttft_s() > 0 ? model.slo_ttft_s() : kNoSlo;
+  for (const auto& [id, node] : nodes_) {
+    if (!node.alive || node.report.gpus_size() == 0) continue;
+    const double bandwidth = node.report.network_bytes_per_s() > 0 ? node.report.network_bytes_per_s()
+                                                                   : 16e9 / 8;
+    policy::ServerNetwork network(bandwidth, now);
+    for (const v1::TaskStatus& t : node.report.tasks()) {
+      if (t.task().kind() != v1::TASK_FETCH || t.state() != v1::TASK_RUNNING) continue;
+      const double pending = t.bytes_total() > t.bytes_done()
+                                 ? static_cast<double>(t.bytes_total() - t.bytes_done())
+                                 : stage_bytes(t.task().model(), t.task().stages());
+      network.add(now, {pending, now + slo_ttft});
+    }
+    if (!network.admits(now, {stage_bytes(model, 4), now + slo_ttft})) continue;
+    policy::ServerState s;
+    s.id = static_cast<std::uint32_t>(servers.size());
+    s.network_bytes_per_s = network.share_for_next();
+    s.pcie_bytes_per_s = node_pcie(node.report);
+    for (const v1::GpuInfo& g : node.report.gpus()) {
+      s.gpus.push_back({static_cast<double>(g.free_bytes()), g.runs_worker()});
+    }
+    servers.push_back(std::move(s));
+    node_of.push_back(id);
+  }
+  policy::AllocationRequest request;
+  request.model_bytes = static_cast<double>(model.size_bytes());
+  request.costs = config_.startup;
+  request.costs.prefill = model.prefill_s();
+  request.costs.decode = model.decode_s();
+  request.slo_ttft = slo_ttft;
+  request.slo_tpot = model.slo_tpot_s() > 0 ? model.slo_tpot_s() : kNoSlo;
+  request.overlapped = true;  // thaw streams weights while the engine starts (Eq. 5)
+  auto allocation = policy::allocate_resources(request, servers);
+  if (!allocation) {
+    return std::unexpected(fmt::format(
+        "no live node has a GPU with {} bytes free for {} ({} live node(s) with GPUs considered); "
+        "free a slot (thawctl evict) or add a node",
+        model.size_bytes(), model.name(), servers.size()));
+  }
+  PlanRecord record;
+  record.model = model;
+  v1::Plan& plan = record.plan;
+  plan.set_id(fmt::format("{}-{}", config_.plan_prefix, next_plan_++));
+  plan.set_model(model.name());
+  plan.set_stages(static_cast<std::uint32_t>(allocation->stages));
+  plan.set_predicted_ttft_s(allocation->ttft);
+  plan.set_predicted_tpot_s(allocation->tpot);
+  plan.set_meets_slo(allocation->meets_slo);
+  for (std::size_t i = 0; i < allocation->workers.size(); ++i) {
+    const policy::WorkerPlacement& w = allocation->workers[i];
+    v1::PlannedStage* stage = plan.add_placement();
+    stage->set_stage(static_cast<std::uint32_t>(i));
+    stage->set_node_id(node_of.at(w.server));
+    stage->set_gpu(w.gpu);
+    stage->set_full_memory(w.full_memory || allocation->stages == 1);
+    stage->set_fetch_state(v1::TASK_RUNNING);
+  }
+  for (const v1::PlannedStage& stage : plan.placement()) send_stage_tasks(record, stage, out);
+  v1::Plan result = plan;
+  plans_[plan.id()] = std::move(record);
+  return result;
+}
+
+std::optional<std::pair<std::string, std::uint32_t>> ClusterState::replacement_for(
+    const PlanRecord& plan, double bytes) const {
+  std::set<std::string> in_plan;
+  for (const v1::PlannedStage& s : plan.plan.placement()) in_plan.insert(s.node_id());
+  // Alg. 1's ranking (1/b + 1/p, smaller first) among live nodes with a GPU that fits the
+  // stage; a node not yet in the plan first, so two stages do not share a link.
+  std::optional<std::tuple<bool, double, std::string, std::uint32_t>> best;
+  for (const auto& [id, node] : nodes_) {
+    if (!node.alive) continue;
+    const double b = node.report.network_bytes_per_s() > 0 ? node.report.network_bytes_per_s() : 2e9;
+    const double rank = 1 / b + 1 / node_pcie(node.report);
+    for (const v1::GpuInfo& g : node.report.gpus()) {
+      if (static_cast<double>(g.free_bytes()) < bytes) continue;
+      auto candidate = std::make_tuple(in_plan.contains(id), rank, id, g.index());
+      if (!best || candidate < *best) best = candidate;
+    }
+  }
+  if (!best) return std::nullopt;
+  return std::make_pair(std::get<2>(*best), std::get<3>(*best));
+}
+
+void ClusterState::replan_stages_of(const std::string& dead_node, std::vector<Outbound>& out) {
+  for (auto& [id, plan] : plans_) {
+    for (int i = 0; i < plan.plan.placement_size(); ++i) {
+      v1::PlannedStage* stage = plan.plan.mutable_placement(i);
+      if (stage->node_id() != dead_node) continue;
+      const double bytes = stage->full_memory() ? static_cast<double>(plan.model.size_bytes())
+                                                : stage_bytes(plan.model, plan.plan.stages());
+      auto target = replacement_for(plan, bytes);
+      if (!target) {
+        // No live node fits it: shown as failed in the state; a new cold start re-plans.
+        stage->set_fetch_state(v1::TASK_FAILED);
+        continue;
+      }
+      stage->set_node_id(target->first);
+      stage->set_gpu(target->second);
+      stage->set_fetch_state(v1::TASK_RUNNING);
+      stage->set_bytes_done(0);
+      stage->set_replans(stage->replans() + 1);
+      send_stage_tasks(plan, *stage, out);
+    }
+  }
+}
+
+v1::FrontendReply ClusterState::on_frontend_request(const v1::FrontendRequest& request, double now,
+                                                    std::vector<Outbound>& out) {
+  v1::FrontendReply reply;
+  switch (request.body_case()) {
+    case v1::FrontendRequest::kDeploy: {
+      const v1::ModelSpec& model = request.deploy().model();
+      models_[model.name()] = model;
+      *reply.mutable_deployed() = model;
+      break;
+    }
+    case v1::FrontendRequest::kColdStart: {
+      auto model = models_.find(request.cold_start().model());
+      if (model == models_.end()) {
+        reply.set_error(fmt::format("model {} is not deployed: deploy it first (thawctl cluster "
+                                    "deploy {} --size BYTES ...)",
+                                    request.cold_start().model(), request.cold_start().model()));
+        break;
+      }
+      auto plan = plan_cold_start(model->second, now, out);
+      if (!plan) {
+        reply.set_error(plan.error());
+      } else {
+        *reply.mutable_plan() = std::move(*plan);
+      }
+      break;
+    }
+    case v1::FrontendRequest::kLoad: {
+      if (!models_.contains(request.load().model())) {
+        reply.set_error(fmt::format("model {} is not deployed", request.load().model()));
+        break;
+      }
+      load_[request.load().model()] = request.load().requests_per_s();
+      *reply.mutable_deployed() = models_[request.load().model()];
+      break;
+    }
+    case v1::FrontendRequest::kState:
+      *reply.mutable_state() = snapshot(now);
+      break;
+    default:
+      reply.set_error("empty request");
+  }
+  return reply;
+}
+
+v1::ClusterState ClusterState::snapshot(double now) const {
+  v1::ClusterState state;
+  for (const auto& [id, node] : nodes_) {
+    v1::NodeState* n = state.add_nodes();
+    n->set_node_id(id);
+    n->set_alive(node.alive);
+    n->set_seconds_since_heard(now - node.last_heard);
+    *n->mutable_report() = node.report;
+  }
+  for (const auto& [name, model] : models_) *state.add_models() = model;
+  for (const auto& [id, plan] : plans_) *state.add_plans() = plan.plan;
+  return state;
+}
+
+}  // namespace thaw::coordinator

@@ -1,0 +1,139 @@
+// thaw-coordinator: the cluster's control plane (see coordinator/server/coordinator_server.hpp).
+//
+//   thaw-coordinator keygen PREFIX        a CURVE key pair: PREFIX.key (0600), PREFIX.pub
+//   thaw-coordinator serve [options]      serve node agents and frontends until SIGTERM
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "common/zmq/curve_keys.hpp"
+#include "coordinator/server/coordinator_server.hpp"
+
+namespace {
+
+// Lines for journald when run under systemd ("<N>" priority prefixes), plain otherwise.
+bool verbose = false;
+
+void log_line(int priority, const std::string& line) {
+  if (priority >= LOG_DEBUG && !verbose) return;
+  static const bool journal = std::getenv("JOURNAL_STREAM") != nullptr;
+  if (journal) {
+    fmt::print(stderr, "<{}>{}\n", priority, line);
+  } else {
+    static constexpr const char* kNames[] = {"emerg", "alert", "crit",  "error",
+                                             "warning", "notice", "info", "debug"};
+    fmt::print(stderr, "thaw-coordinator: {}: {}\n", kNames[priority & 7], line);
+  }
+  std::fflush(stderr);
+}
+
+double parse_seconds(const std::string& text) {
+  std::size_t used = 0;
+  double v = std::stod(text, &used);
+  const std::string unit = text.substr(used);
+  if (unit == "ms") return v / 1000;
+  if (unit == "s" || unit.empty()) return v;
+  throw std::invalid_argument("unit");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "thaw-coordinator: places cold starts across thawd nodes (HydraServe's Alg. 1), watches "
+      "their heartbeats and re-plans a dead node's stages"};
+  app.require_subcommand(1);
+
+  std::string prefix;
+  auto* keygen = app.add_subcommand("keygen", "write a CURVE key pair: PREFIX.key (secret, "
+                                              "mode 600) and PREFIX.pub");
+  keygen->add_option("prefix", prefix, "path without extension, e.g. /etc/thaw/coordinator")
+      ->required();
+
+  thaw::coordinator::ServerOptions options;
+  std::string key_file = "/etc/thaw/coordinator.key";
+  std::string heartbeat = "1s";
+  int liveness = 3;
+  auto* serve = app.add_subcommand("serve", "serve node agents and frontends until SIGTERM");
+  serve->add_option("--nodes", options.node_endpoint, "ZeroMQ endpoint for node agents (CURVE)")
+      ->capture_default_str();
+  serve->add_option("--frontend", options.frontend_endpoint,
+                    "ZeroMQ endpoint for frontends and thawctl cluster (not encrypted: loopback "
+                    "or ipc://)")
+      ->capture_default_str();
+  serve->add_option("--key", key_file, "the coordinator's secret key file (keygen)")
+      ->capture_default_str();
+  options.allowed_nodes = "/etc/thaw/nodes.d";
+  serve->add_option("--allow", options.allowed_nodes,
+                    "directory of admitted nodes' public keys, one <node-id>.pub each")
+      ->capture_default_str();
+  serve->add_option("--heartbeat", heartbeat, "heartbeat interval (e.g. 1s, 250ms)")
+      ->capture_default_str();
+  serve->add_option("--liveness", liveness, "heartbeats missed before a node is declared dead")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  serve->add_flag("--verbose", verbose, "also log debug lines (sends to disconnected nodes...)");
+  serve->add_flag("--launch-workers", options.cluster.launch_workers,
+                  "plans also launch an engine per stage (the agents' worker command)");
+  CLI11_PARSE(app, argc, argv);
+
+  if (keygen->parsed()) {
+    auto pair = thaw::zmqx::write_key_pair(prefix);
+    if (!pair) {
+      fmt::print(stderr, "thaw-coordinator keygen: {}\n", pair.error());
+      return 1;
+    }
+    fmt::print("{}.key (secret) and {}.pub written; public key {}\n", prefix, prefix,
+               pair->public_z85);
+    return 0;
+  }
+
+  try {
+    options.cluster.heartbeat_interval_s = parse_seconds(heartbeat);
+  } catch (const std::exception&) {
+    fmt::print(stderr, "thaw-coordinator: --heartbeat {}: not a duration (e.g. 1s, 250ms)\n",
+               heartbeat);
+    return 2;
+  }
+  if (options.cluster.heartbeat_interval_s < 0.01 || options.cluster.heartbeat_interval_s > 600) {
+    fmt::print(stderr, "thaw-coordinator: --heartbeat {}: must be 10ms to 600s\n", heartbeat);
+    return 2;
+  }
+  options.cluster.liveness = liveness;
+  auto key = thaw::zmqx::load_secret_key(key_file);
+  if (!key) {
+    fmt::print(stderr, "thaw-coordinator: --key: {} (make one with: thaw-coordinator keygen "
+                       "/etc/thaw/coordinator)\n",
+               key.error());
+    return 1;
+  }
+  options.key = *key;
+  // Plan ids stay unique across restarts: a restarted coordinator rebuilds older plans.
+  options.cluster.plan_prefix = fmt::format("p{:x}", static_cast<unsigned long>(::time(nullptr)));
+  options.log = log_line;
+
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);  // before ZeroMQ starts its threads
+  const int stop_fd = signalfd(-1, &mask, SFD_CLOEXEC);
+
+  auto server = thaw::coordinator::CoordinatorServer::start(std::move(options));
+  if (!server) {
+    fmt::print(stderr, "thaw-coordinator: {}\n", server.error());
+    return 1;
+  }
+  log_line(LOG_NOTICE, fmt::format("serving nodes on {} (public key {}), frontends on {}",
+                                   (*server)->node_endpoint(), key->public_z85,
+                                   (*server)->frontend_endpoint()));
+  (*server)->run(stop_fd);
+  log_line(LOG_NOTICE, "stopping");
+  ::close(stop_fd);
+  return 0;
+}

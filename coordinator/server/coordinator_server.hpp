@@ -1,0 +1,85 @@
+// CoordinatorServer: thaw-coordinator's sockets around ClusterState.
+//
+//   nodes     ROUTER, CURVE server; each node agent is a DEALER whose routing id is its node id
+//             and whose key the ZAP handler maps to that id. A message whose routing id or
+//             registered node_id differs from its key's node is dropped with a log line.
+//             ROUTER_HANDOVER: a reconnecting agent takes over its id from a dead connection.
+//             ZMTP heartbeats are on only to drop dead TCP; liveness is the application's
+//             (ClusterState's Paranoid Pirate heartbeats).
+//   frontend  ROUTER for REQ clients (thawctl cluster, serving frontends): deploy, cold start,
+//             load reports, state. Not encrypted: bind it to loopback or an ipc:// path whose
+//             directory permissions decide who may use it.
+//
+// One thread: run() polls both sockets and a stop descriptor, decodes and validates every
+// message (cluster_codec), hands it to ClusterState and sends what that returns; bad input is
+// logged with the peer and dropped, never fatal.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <zmq.hpp>
+
+#include "common/zmq/curve_keys.hpp"
+#include "coordinator/cluster/cluster_state.hpp"
+#include "coordinator/server/node_allow_list.hpp"
+#include "coordinator/server/zap_handler.hpp"
+
+namespace thaw::coordinator {
+
+struct ServerOptions {
+  std::string node_endpoint = "tcp://*:5570";
+  std::string frontend_endpoint = "ipc:///run/thaw/coordinator.sock";
+  zmqx::CurveKeyPair key;              // the coordinator's
+  std::filesystem::path allowed_nodes;  // <node-id>.pub files
+  ClusterConfig cluster;
+  ZapHandler::Logger log;
+};
+
+struct ServerCounters {
+  std::atomic<std::uint64_t> node_messages{0};
+  std::atomic<std::uint64_t> dropped{0};
+  std::atomic<std::uint64_t> frontend_requests{0};
+};
+
+class CoordinatorServer {
+ public:
+  static std::expected<std::unique_ptr<CoordinatorServer>, std::string> start(ServerOptions options);
+  ~CoordinatorServer();
+  CoordinatorServer(const CoordinatorServer&) = delete;
+  CoordinatorServer& operator=(const CoordinatorServer&) = delete;
+
+  // Serves until `stop_fd` becomes readable (a signalfd or an eventfd).
+  void run(int stop_fd);
+
+  // The endpoints as bound (a "tcp://127.0.0.1:*" becomes its port).
+  const std::string& node_endpoint() const { return node_endpoint_; }
+  const std::string& frontend_endpoint() const { return frontend_endpoint_; }
+  const ServerCounters& counters() const { return counters_; }
+
+ private:
+  explicit CoordinatorServer(ServerOptions options);
+  void on_node_frames();
+  void on_frontend_frames();
+  void send(const std::vector<Outbound>& out);
+  double now() const;
+
+  ServerOptions options_;
+  ClusterState state_;
+  std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  std::unique_ptr<NodeAllowList> allow_;
+  zmq::context_t context_;
+  std::unique_ptr<ZapHandler> zap_;  // bound before the node socket
+  zmq::socket_t nodes_;
+  zmq::socket_t frontend_;
+  std::string node_endpoint_;
+  std::string frontend_endpoint_;
+  ServerCounters counters_;
+};
+
+}  // namespace thaw::coordinator
