@@ -25,7 +25,7 @@ void log_line(int priority, const std::string& line) {
   if (journal) {
     fmt::print(stderr, "<{}>{}\n", priority, line);
   } else {
-    static constexpr const char* kNames[] = {"emerg", "alert", "crit",  "error",
+    static constexpr const char* kNames[] = {"emerg",   "alert",  "crit", "error",
                                              "warning", "notice", "info", "debug"};
     fmt::print(stderr, "thaw-coordinator: {}: {}\n", kNames[priority & 7], line);
   }
@@ -50,8 +50,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::string prefix;
-  auto* keygen = app.add_subcommand("keygen", "write a CURVE key pair: PREFIX.key (secret, "
-                                              "mode 600) and PREFIX.pub");
+  auto* keygen = app.add_subcommand("keygen",
+                                    "write a CURVE key pair: PREFIX.key (secret, "
+                                    "mode 600) and PREFIX.pub");
   keygen->add_option("prefix", prefix, "path without extension, e.g. /etc/thaw/coordinator")
       ->required();
 
@@ -62,15 +63,17 @@ int main(int argc, char** argv) {
   auto* serve = app.add_subcommand("serve", "serve node agents and frontends until SIGTERM");
   serve->add_option("--nodes", options.node_endpoint, "ZeroMQ endpoint for node agents (CURVE)")
       ->capture_default_str();
-  serve->add_option("--frontend", options.frontend_endpoint,
-                    "ZeroMQ endpoint for frontends and thawctl cluster (not encrypted: loopback "
-                    "or ipc://)")
+  serve
+      ->add_option("--frontend", options.frontend_endpoint,
+                   "ZeroMQ endpoint for frontends and thawctl cluster (not encrypted: loopback "
+                   "or ipc://)")
       ->capture_default_str();
   serve->add_option("--key", key_file, "the coordinator's secret key file (keygen)")
       ->capture_default_str();
   options.allowed_nodes = "/etc/thaw/nodes.d";
-  serve->add_option("--allow", options.allowed_nodes,
-                    "directory of admitted nodes' public keys, one <node-id>.pub each")
+  serve
+      ->add_option("--allow", options.allowed_nodes,
+                   "directory of admitted nodes' public keys, one <node-id>.pub each")
       ->capture_default_str();
   serve->add_option("--heartbeat", heartbeat, "heartbeat interval (e.g. 1s, 250ms)")
       ->capture_default_str();
@@ -107,8 +110,9 @@ int main(int argc, char** argv) {
   options.cluster.liveness = liveness;
   auto key = thaw::zmqx::load_secret_key(key_file);
   if (!key) {
-    fmt::print(stderr, "thaw-coordinator: --key: {} (make one with: thaw-coordinator keygen "
-                       "/etc/thaw/coordinator)\n",
+    fmt::print(stderr,
+               "thaw-coordinator: --key: {} (make one with: thaw-coordinator keygen "
+               "/etc/thaw/coordinator)\n",
                key.error());
     return 1;
   }

@@ -17,7 +17,8 @@ namespace {
 std::expected<std::string, std::string> read_key_text(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in) {
-    return std::unexpected(fmt::format("{}: cannot read ({})", path.string(), std::strerror(errno)));
+    return std::unexpected(
+        fmt::format("{}: cannot read ({})", path.string(), std::strerror(errno)));
   }
   std::string text;
   std::getline(in, text);
@@ -32,9 +33,9 @@ std::expected<void, std::string> write_new(const std::filesystem::path& path,
                                            const std::string& text, mode_t mode) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) {
-    return std::unexpected(fmt::format("{}: cannot create ({}){}", path.string(),
-                                       std::strerror(errno),
-                                       errno == EEXIST ? "; remove it first to make a new key" : ""));
+    return std::unexpected(
+        fmt::format("{}: cannot create ({}){}", path.string(), std::strerror(errno),
+                    errno == EEXIST ? "; remove it first to make a new key" : ""));
   }
   const std::string line = text + "\n";
   const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
@@ -81,7 +82,8 @@ std::expected<CurveKeyPair, std::string> write_key_pair(const std::filesystem::p
   const auto secret = std::filesystem::path(prefix.string() + ".key");
   const auto pub = std::filesystem::path(prefix.string() + ".pub");
   if (std::filesystem::exists(pub)) {
-    return std::unexpected(fmt::format("{} exists; remove it first to make a new key", pub.string()));
+    return std::unexpected(
+        fmt::format("{} exists; remove it first to make a new key", pub.string()));
   }
   if (auto ok = write_new(secret, pair->secret_z85, 0600); !ok) return std::unexpected(ok.error());
   if (auto ok = write_new(pub, pair->public_z85, 0644); !ok) return std::unexpected(ok.error());
@@ -91,16 +93,16 @@ std::expected<CurveKeyPair, std::string> write_key_pair(const std::filesystem::p
 std::expected<CurveKeyPair, std::string> load_secret_key(const std::filesystem::path& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    return std::unexpected(fmt::format(
-        "{}: a secret key must be readable by its owner only (mode {:o}); chmod 600 {}",
-        path.string(), st.st_mode & 0777, path.string()));
+    return std::unexpected(
+        fmt::format("{}: a secret key must be readable by its owner only (mode {:o}); chmod 600 {}",
+                    path.string(), st.st_mode & 0777, path.string()));
   }
   auto secret = read_key_text(path);
   if (!secret) return std::unexpected(secret.error());
   char pub[41] = {};
   if (zmq_curve_public(pub, secret->c_str()) != 0) {
-    return std::unexpected(fmt::format("{}: not a CURVE secret key ({})", path.string(),
-                                       zmq_strerror(zmq_errno())));
+    return std::unexpected(
+        fmt::format("{}: not a CURVE secret key ({})", path.string(), zmq_strerror(zmq_errno())));
   }
   return CurveKeyPair{pub, *secret};
 }

@@ -29,7 +29,8 @@ double stage_bytes(const v1::ModelSpec& model, std::uint32_t stages) {
 double node_pcie(const v1::Register& r) {
   double p = 0;
   for (const v1::GpuInfo& g : r.gpus()) {
-    if (g.pcie_bytes_per_s() > 0) p = p == 0 ? g.pcie_bytes_per_s() : std::min(p, g.pcie_bytes_per_s());
+    if (g.pcie_bytes_per_s() > 0)
+      p = p == 0 ? g.pcie_bytes_per_s() : std::min(p, g.pcie_bytes_per_s());
   }
   return p > 0 ? p : 16e9;  // no figure reported: PCIe 4.0 x16's
 }
@@ -67,7 +68,8 @@ std::vector<Outbound> ClusterState::on_node_message(const std::string& node_id,
     return out;
   }
   it->second.last_heard = now;
-  if (message.body_case() == v1::NodeMessage::kProgress) apply_progress(node_id, message.progress());
+  if (message.body_case() == v1::NodeMessage::kProgress)
+    apply_progress(node_id, message.progress());
   return out;
 }
 
@@ -170,8 +172,8 @@ void ClusterState::send_stage_tasks(PlanRecord& plan, const v1::PlannedStage& st
   auto task_for = [&](v1::TaskKind kind) {
     v1::CoordinatorMessage m;
     v1::Task* t = m.mutable_task();
-    t->set_id(fmt::format("{}/{}/{}", plan.plan.id(), stage.stage(),
-                          cluster::task_kind_name(kind)));
+    t->set_id(
+        fmt::format("{}/{}/{}", plan.plan.id(), stage.stage(), cluster::task_kind_name(kind)));
     t->set_plan_id(plan.plan.id());
     t->set_kind(kind);
     *t->mutable_model() = plan.model;
@@ -202,8 +204,8 @@ std::expected<v1::Plan, std::string> ClusterState::plan_cold_start(const v1::Mod
   const double slo_ttft = model.slo_ttft_s() > 0 ? model.slo_ttft_s() : kNoSlo;
   for (const auto& [id, node] : nodes_) {
     if (!node.alive || node.report.gpus_size() == 0) continue;
-    const double bandwidth = node.report.network_bytes_per_s() > 0 ? node.report.network_bytes_per_s()
-                                                                   : 16e9 / 8;
+    const double bandwidth =
+        node.report.network_bytes_per_s() > 0 ? node.report.network_bytes_per_s() : 16e9 / 8;
     policy::ServerNetwork network(bandwidth, now);
     for (const v1::TaskStatus& t : node.report.tasks()) {
       if (t.task().kind() != v1::TASK_FETCH || t.state() != v1::TASK_RUNNING) continue;
@@ -271,7 +273,8 @@ std::optional<std::pair<std::string, std::uint32_t>> ClusterState::replacement_f
   std::optional<std::tuple<bool, double, std::string, std::uint32_t>> best;
   for (const auto& [id, node] : nodes_) {
     if (!node.alive) continue;
-    const double b = node.report.network_bytes_per_s() > 0 ? node.report.network_bytes_per_s() : 2e9;
+    const double b =
+        node.report.network_bytes_per_s() > 0 ? node.report.network_bytes_per_s() : 2e9;
     const double rank = 1 / b + 1 / node_pcie(node.report);
     for (const v1::GpuInfo& g : node.report.gpus()) {
       if (static_cast<double>(g.free_bytes()) < bytes) continue;
@@ -319,9 +322,10 @@ v1::FrontendReply ClusterState::on_frontend_request(const v1::FrontendRequest& r
     case v1::FrontendRequest::kColdStart: {
       auto model = models_.find(request.cold_start().model());
       if (model == models_.end()) {
-        reply.set_error(fmt::format("model {} is not deployed: deploy it first (thawctl cluster "
-                                    "deploy {} --size BYTES ...)",
-                                    request.cold_start().model(), request.cold_start().model()));
+        reply.set_error(
+            fmt::format("model {} is not deployed: deploy it first (thawctl cluster "
+                        "deploy {} --size BYTES ...)",
+                        request.cold_start().model(), request.cold_start().model()));
         break;
       }
       auto plan = plan_cold_start(model->second, now, out);

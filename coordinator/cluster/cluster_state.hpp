@@ -35,7 +35,7 @@ struct ClusterConfig {
   int liveness = 3;
   // Costs Alg. 1 adds to a model's own (runtime start-up, §4.1's t_c / t_cc, t_cu, t_l).
   policy::ColdStartCosts startup;
-  bool launch_workers = false;  // plans also launch an engine per stage (agent's worker command)
+  bool launch_workers = false;    // plans also launch an engine per stage (agent's worker command)
   std::string plan_prefix = "p";  // plan ids are "<prefix>-<n>"; unique per coordinator run
 };
 
@@ -83,8 +83,8 @@ class ClusterState {
   void replan_stages_of(const std::string& dead_node, std::vector<Outbound>& out);
   void rebuild_from(const std::string& node_id, const v1::Register& report);
   void apply_progress(const std::string& node_id, const v1::TaskStatus& status);
-  std::optional<std::pair<std::string, std::uint32_t>> replacement_for(
-      const PlanRecord& plan, double stage_bytes) const;
+  std::optional<std::pair<std::string, std::uint32_t>> replacement_for(const PlanRecord& plan,
+                                                                       double stage_bytes) const;
 
   ClusterConfig config_;
   std::map<std::string, NodeRecord> nodes_;

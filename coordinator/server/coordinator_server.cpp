@@ -62,11 +62,10 @@ std::expected<std::unique_ptr<CoordinatorServer>, std::string> CoordinatorServer
     try {
       s->frontend_.bind(s->options_.frontend_endpoint);
     } catch (const zmq::error_t& e) {
-      return std::unexpected(fmt::format("frontend endpoint {}: {}{}", s->options_.frontend_endpoint,
-                                         e.what(),
-                                         s->options_.frontend_endpoint.starts_with("ipc://")
-                                             ? " (does its directory exist?)"
-                                             : ""));
+      return std::unexpected(fmt::format(
+          "frontend endpoint {}: {}{}", s->options_.frontend_endpoint, e.what(),
+          s->options_.frontend_endpoint.starts_with("ipc://") ? " (does its directory exist?)"
+                                                              : ""));
     }
     s->frontend_endpoint_ = s->frontend_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
@@ -93,7 +92,8 @@ void CoordinatorServer::send(const std::vector<Outbound>& out) {
     try {
       std::array<zmq::const_buffer, 2> frames = {zmq::buffer(o.node_id), zmq::buffer(payload)};
       if (!zmq::send_multipart(nodes_, frames, zmq::send_flags::dontwait)) {
-        options_.log(LOG_WARNING, fmt::format("node {}: send queue full, message dropped", o.node_id));
+        options_.log(LOG_WARNING,
+                     fmt::format("node {}: send queue full, message dropped", o.node_id));
       }
     } catch (const zmq::error_t& e) {
       // Not connected right now (EHOSTUNREACH): its heartbeats stop and liveness decides.
@@ -120,8 +120,9 @@ void CoordinatorServer::on_node_frames() {
   }
   if (key_node.empty() || key_node != routing_id) {
     counters_.dropped.fetch_add(1);
-    options_.log(LOG_WARNING, fmt::format("node {}: its key belongs to node \"{}\"; message dropped",
-                                          printable_id(frames[0]), key_node));
+    options_.log(LOG_WARNING,
+                 fmt::format("node {}: its key belongs to node \"{}\"; message dropped",
+                             printable_id(frames[0]), key_node));
     return;
   }
   auto message = cluster::decode_node_message(frames[1].to_string_view());
@@ -178,12 +179,12 @@ void CoordinatorServer::on_frontend_frames() {
   } else {
     reply = state_.on_frontend_request(*request, now(), out);
     if (request->body_case() == v1::FrontendRequest::kColdStart) {
-      options_.log(LOG_NOTICE,
-                   reply.error().empty()
-                       ? fmt::format("cold start of {}: plan {}, {} stage(s)", reply.plan().model(),
-                                     reply.plan().id(), reply.plan().stages())
-                       : fmt::format("cold start of {}: {}", request->cold_start().model(),
-                                     reply.error()));
+      options_.log(
+          LOG_NOTICE,
+          reply.error().empty()
+              ? fmt::format("cold start of {}: plan {}, {} stage(s)", reply.plan().model(),
+                            reply.plan().id(), reply.plan().stages())
+              : fmt::format("cold start of {}: {}", request->cold_start().model(), reply.error()));
     }
   }
   const std::string payload = cluster::encode(std::move(reply));

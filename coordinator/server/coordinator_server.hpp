@@ -35,7 +35,7 @@ namespace thaw::coordinator {
 struct ServerOptions {
   std::string node_endpoint = "tcp://*:5570";
   std::string frontend_endpoint = "ipc:///run/thaw/coordinator.sock";
-  zmqx::CurveKeyPair key;              // the coordinator's
+  zmqx::CurveKeyPair key;               // the coordinator's
   std::filesystem::path allowed_nodes;  // <node-id>.pub files
   ClusterConfig cluster;
   ZapHandler::Logger log;
@@ -49,7 +49,8 @@ struct ServerCounters {
 
 class CoordinatorServer {
  public:
-  static std::expected<std::unique_ptr<CoordinatorServer>, std::string> start(ServerOptions options);
+  static std::expected<std::unique_ptr<CoordinatorServer>, std::string> start(
+      ServerOptions options);
   ~CoordinatorServer();
   CoordinatorServer(const CoordinatorServer&) = delete;
   CoordinatorServer& operator=(const CoordinatorServer&) = delete;

@@ -20,12 +20,14 @@ NodeAllowList::NodeAllowList(NodeAllowList&& other) noexcept : dir_(std::move(ot
   std::lock_guard lock(other.mutex_);
   node_by_key_ = std::move(other.node_by_key_);
   last_scan_ = other.last_scan_;
+  scanned_mtime_ = other.scanned_mtime_;
 }
 
 std::vector<std::string> NodeAllowList::scan() {
   std::vector<std::string> skipped;
   std::map<std::string, std::string> found;
   std::error_code ec;
+  const auto mtime = std::filesystem::last_write_time(dir_, ec);
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     if (entry.path().extension() != ".pub") continue;
     const std::string node = entry.path().stem().string();
@@ -39,9 +41,10 @@ std::vector<std::string> NodeAllowList::scan() {
       continue;
     }
     if (auto [it, fresh] = found.emplace(*key, node); !fresh) {
-      skipped.push_back(fmt::format("{}: the same key as node {}; neither may use it until one "
-                                    "is removed",
-                                    entry.path().string(), it->second));
+      skipped.push_back(
+          fmt::format("{}: the same key as node {}; neither may use it until one "
+                      "is removed",
+                      entry.path().string(), it->second));
       it->second.clear();
     }
   }
@@ -50,6 +53,7 @@ std::vector<std::string> NodeAllowList::scan() {
   std::lock_guard lock(mutex_);
   node_by_key_ = std::move(found);
   last_scan_ = std::chrono::steady_clock::now();
+  scanned_mtime_ = mtime;
   return skipped;
 }
 
@@ -57,7 +61,11 @@ std::optional<std::string> NodeAllowList::node_for(const std::string& public_z85
   {
     std::lock_guard lock(mutex_);
     if (auto it = node_by_key_.find(public_z85); it != node_by_key_.end()) return it->second;
-    if (std::chrono::steady_clock::now() - last_scan_ < std::chrono::seconds(1)) return std::nullopt;
+    std::error_code ec;
+    const bool changed = std::filesystem::last_write_time(dir_, ec) != scanned_mtime_;
+    if (!changed && std::chrono::steady_clock::now() - last_scan_ < std::chrono::seconds(1)) {
+      return std::nullopt;
+    }
   }
   scan();
   std::lock_guard lock(mutex_);

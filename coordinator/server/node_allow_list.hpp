@@ -4,8 +4,9 @@
 // key says: the ZAP handler maps the key to the node id, and every message from it must carry
 // that id as its routing id and, in a registration, as node_id.
 //
-// A key not on the list triggers a rescan (at most once a second, so a flood of unknown keys
-// costs nothing), so adding a node is copying its key file — no restart.
+// A key not on the list triggers a rescan when the directory changed since the last one, or
+// at most once a second otherwise (a flood of unknown keys costs a stat each), so adding a
+// node is copying its key file — no restart.
 #pragma once
 
 #include <chrono>
@@ -37,6 +38,7 @@ class NodeAllowList {
   mutable std::mutex mutex_;
   std::map<std::string, std::string> node_by_key_;
   std::chrono::steady_clock::time_point last_scan_{};
+  std::filesystem::file_time_type scanned_mtime_{};  // the directory's, at the last scan
 };
 
 }  // namespace thaw::coordinator

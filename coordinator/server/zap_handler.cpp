@@ -47,13 +47,15 @@ void ZapHandler::serve() {
     const std::string key = request.size() > 6 ? request[6].to_string() : "";
     ZapDecision d = decide_zap(mechanism, key, allow_);
     if (d.status_code != "200") {
-      log_(LOG_WARNING, fmt::format("refused a node connection from {}: {}",
-                                    request[3].to_string(), d.status_text));
+      log_(LOG_WARNING, fmt::format("refused a node connection from {}: {}", request[3].to_string(),
+                                    d.status_text));
     }
-    std::vector<zmq::const_buffer> reply = {
-        zmq::buffer(std::string_view("1.0")), zmq::buffer(request[1].data(), request[1].size()),
-        zmq::buffer(d.status_code),           zmq::buffer(d.status_text),
-        zmq::buffer(d.user_id),               zmq::buffer(std::string_view())};
+    std::vector<zmq::const_buffer> reply = {zmq::buffer(std::string_view("1.0")),
+                                            zmq::buffer(request[1].data(), request[1].size()),
+                                            zmq::buffer(d.status_code),
+                                            zmq::buffer(d.status_text),
+                                            zmq::buffer(d.user_id),
+                                            zmq::buffer(std::string_view())};
     try {
       zmq::send_multipart(socket_, reply);
     } catch (const zmq::error_t& e) {

@@ -34,8 +34,7 @@ std::expected<std::unique_ptr<ClusterAgent>, std::string> ClusterAgent::start(
   if (auto ok = zmqx::check_z85_key(config.coordinator_public_z85); !ok) {
     return std::unexpected("the coordinator's public key: " + ok.error());
   }
-  std::unique_ptr<ClusterAgent> agent(
-      new ClusterAgent(std::move(config), service, tasks, workers));
+  std::unique_ptr<ClusterAgent> agent(new ClusterAgent(std::move(config), service, tasks, workers));
   agent->stop_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!agent->stop_) return std::unexpected("cannot create an eventfd");
   agent->thread_ = std::thread([a = agent.get()] { a->run(); });
@@ -133,6 +132,7 @@ void ClusterAgent::run() {
       return;
     }
     send_registration(socket);
+    bool welcomed = false;
     auto heard = Clock::now();
     auto next_heartbeat = Clock::now() + millis(interval);
     auto next_progress = Clock::now() + millis(kProgressPeriod);
@@ -142,9 +142,9 @@ void ClusterAgent::run() {
       const auto wake = std::min(next_heartbeat, next_progress);
       zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0},
                                  {nullptr, stop_.get(), ZMQ_POLLIN, 0}};
-      zmq::poll(items, 2, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       wake - Clock::now()),
-                                   std::chrono::milliseconds(0)));
+      zmq::poll(items, 2,
+                std::max(std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()),
+                         std::chrono::milliseconds(0)));
       if (items[1].revents & ZMQ_POLLIN) {
         stopping = true;
         break;
@@ -155,8 +155,8 @@ void ClusterAgent::run() {
         auto message = cluster::decode_coordinator_message(frame.to_string_view());
         if (!message) {
           dropped_.fetch_add(1);
-          log(LogLevel::warning, fmt::format("coordinator {}: {}; dropped", config_.endpoint,
-                                             message.error()));
+          log(LogLevel::warning,
+              fmt::format("coordinator {}: {}; dropped", config_.endpoint, message.error()));
           continue;
         }
         heard = Clock::now();
@@ -171,6 +171,7 @@ void ClusterAgent::run() {
                   fmt::format("registered with the coordinator at {}", config_.endpoint));
             }
             silent = false;
+            welcomed = true;
             break;
           case v1::CoordinatorMessage::kReRegister:
             log(LogLevel::notice, fmt::format("coordinator asks to register again: {}",
@@ -202,9 +203,15 @@ void ClusterAgent::run() {
           silent = true;
           break;  // reconnect
         }
-        v1::NodeMessage beat;
-        beat.mutable_heartbeat()->set_sequence(++sequence);
-        send(socket, std::move(beat));
+        if (welcomed) {
+          v1::NodeMessage beat;
+          beat.mutable_heartbeat()->set_sequence(++sequence);
+          send(socket, std::move(beat));
+        } else {
+          // Not welcomed yet: a registration sent before the handshake succeeded (say the
+          // coordinator had not read our key yet) may be lost, so the heartbeat is one.
+          send_registration(socket);
+        }
         next_heartbeat = now + millis(interval);
       }
     }

@@ -53,8 +53,10 @@ struct AgentStatus {
 class ClusterAgent {
  public:
   // Fails on a bad key or endpoint; the connection itself is retried forever.
-  static std::expected<std::unique_ptr<ClusterAgent>, std::string> start(
-      AgentConfig config, NodeService& service, TaskRunner& tasks, WorkerLauncher& workers);
+  static std::expected<std::unique_ptr<ClusterAgent>, std::string> start(AgentConfig config,
+                                                                         NodeService& service,
+                                                                         TaskRunner& tasks,
+                                                                         WorkerLauncher& workers);
   ~ClusterAgent();  // stops the thread
   ClusterAgent(const ClusterAgent&) = delete;
   ClusterAgent& operator=(const ClusterAgent&) = delete;

@@ -34,8 +34,8 @@ v1::TaskStatus TaskRunner::start(const v1::Task& task) {
       {{"MODEL", task.model().name()}});
   run_locked(held);
   if (held.status.state() == v1::TASK_FAILED) {
-    log(LogLevel::warning, fmt::format("coordinator task {} failed: {}", task.id(),
-                                       held.status.error()));
+    log(LogLevel::warning,
+        fmt::format("coordinator task {} failed: {}", task.id(), held.status.error()));
   }
   return held.status;
 }
@@ -83,16 +83,18 @@ void TaskRunner::run_locked(Held& held) {
       WorkerSpec spec;
       spec.unit = WorkerLauncher::unit_name(task.plan_id(), task.stage());
       spec.gpu = task.gpu();
-      spec.argv = expand_worker_command(
-          settings_.command, {{"model", model},
-                              {"key", key ? *key : model},
-                              {"stage", std::to_string(task.stage())},
-                              {"stages", std::to_string(task.stages())},
-                              {"gpu", std::to_string(task.gpu())},
-                              {"plan", task.plan_id()}});
-      spec.env = {"LD_PRELOAD=" + settings_.preload, "THAW_SOCKET=" + settings_.thawd_socket,
+      spec.argv =
+          expand_worker_command(settings_.command, {{"model", model},
+                                                    {"key", key ? *key : model},
+                                                    {"stage", std::to_string(task.stage())},
+                                                    {"stages", std::to_string(task.stages())},
+                                                    {"gpu", std::to_string(task.gpu())},
+                                                    {"plan", task.plan_id()}});
+      spec.env = {"LD_PRELOAD=" + settings_.preload,
+                  "THAW_SOCKET=" + settings_.thawd_socket,
                   "CUDA_VISIBLE_DEVICES=" + std::to_string(task.gpu()),
-                  "THAW_PLAN=" + task.plan_id(), "THAW_STAGE=" + std::to_string(task.stage()),
+                  "THAW_PLAN=" + task.plan_id(),
+                  "THAW_STAGE=" + std::to_string(task.stage()),
                   "THAW_STAGES=" + std::to_string(task.stages())};
       if (auto ok = workers_.launch(spec); !ok) {
         return set_state(held.status, v1::TASK_FAILED, ok.error());
@@ -101,9 +103,11 @@ void TaskRunner::run_locked(Held& held) {
       break;
     }
     case v1::TASK_STOP_WORKER: {
-      auto ok = workers_.stop(WorkerLauncher::unit_name(task.plan_id(), task.stage()));
-      return ok ? set_state(held.status, v1::TASK_DONE)
-                : set_state(held.status, v1::TASK_FAILED, ok.error());
+      held.unit = WorkerLauncher::unit_name(task.plan_id(), task.stage());
+      if (auto ok = workers_.request_stop(held.unit); !ok) {
+        return set_state(held.status, v1::TASK_FAILED, ok.error());
+      }
+      break;  // done once it has exited (refresh)
     }
     default:
       return set_state(held.status, v1::TASK_FAILED, "unknown task kind");
@@ -139,6 +143,11 @@ void TaskRunner::refresh_locked(Held& held) {
       if (s->state == "prewarmed" || s->state == "active") set_state(held.status, v1::TASK_DONE);
       break;
     }
+    case v1::TASK_STOP_WORKER:
+      if (workers_.status(held.unit).state != WorkerState::running) {
+        set_state(held.status, v1::TASK_DONE);
+      }
+      break;
     case v1::TASK_LAUNCH_WORKER: {
       const WorkerStatus w = workers_.status(held.unit);
       if (w.state == WorkerState::exited) set_state(held.status, v1::TASK_DONE);

@@ -139,8 +139,8 @@ std::expected<void, std::string> WorkerLauncher::launch(const WorkerSpec& spec) 
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), env.data());
   posix_spawnattr_destroy(&attr);
@@ -156,13 +156,19 @@ std::expected<void, std::string> WorkerLauncher::launch(const WorkerSpec& spec) 
 void WorkerLauncher::reap_locked() {
   for (auto& [unit, child] : children_) {
     if (child.pid <= 0 || child.status.state != WorkerState::running) continue;
+    if (child.kill_at && std::chrono::steady_clock::now() >= *child.kill_at) {
+      ::kill(-child.pid, SIGKILL);
+      child.kill_at.reset();
+    }
     int status = 0;
     if (::waitpid(child.pid, &status, WNOHANG) != child.pid) continue;
     if (WIFEXITED(status)) {
       child.status = {WEXITSTATUS(status) == 0 ? WorkerState::exited : WorkerState::failed,
                       fmt::format("exit {}", WEXITSTATUS(status))};
     } else {
-      child.status = {WorkerState::failed, fmt::format("signal {}", WTERMSIG(status))};
+      child.status = {
+          child.stopping ? WorkerState::exited : WorkerState::failed,
+          fmt::format("{}signal {}", child.stopping ? "stopped by " : "", WTERMSIG(status))};
     }
   }
 }
@@ -182,6 +188,7 @@ std::expected<void, std::string> WorkerLauncher::stop(const std::string& unit) {
       return {};
     }
     pid = it->second.pid;
+    it->second.stopping = true;
   }
   ::kill(-pid, SIGTERM);
   for (int i = 0; i < 1000; ++i) {  // 10 s
@@ -198,6 +205,24 @@ std::expected<void, std::string> WorkerLauncher::stop(const std::string& unit) {
     reap_locked();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  return {};
+}
+
+std::expected<void, std::string> WorkerLauncher::request_stop(const std::string& unit) {
+  std::lock_guard lock(mutex_);
+  reap_locked();
+  auto it = children_.find(unit);
+  if (it == children_.end()) return std::unexpected(fmt::format("no worker {}", unit));
+  if (it->second.status.state != WorkerState::running) return {};
+  if (use_systemd_) {
+    // --no-block: systemd stops it (its own KillMode and timeouts) while we go on.
+    auto [rc, output] = run_and_wait({"systemctl", "stop", "--no-block", unit + ".service"});
+    if (rc != 0) return std::unexpected(fmt::format("systemctl stop {}: {}", unit, output));
+    return {};
+  }
+  it->second.stopping = true;
+  ::kill(-it->second.pid, SIGTERM);
+  it->second.kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   return {};
 }
 

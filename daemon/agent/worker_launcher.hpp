@@ -11,10 +11,12 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <expected>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,7 +45,11 @@ class WorkerLauncher {
   WorkerLauncher& operator=(const WorkerLauncher&) = delete;
 
   std::expected<void, std::string> launch(const WorkerSpec& spec);
+  // Stops it and waits (SIGTERM to its process group, SIGKILL after 10 s).
   std::expected<void, std::string> stop(const std::string& unit);
+  // Starts stopping it and returns at once: SIGTERM now, SIGKILL from the first status()
+  // call 10 s later (the agent's thread must not block on an engine's shutdown).
+  std::expected<void, std::string> request_stop(const std::string& unit);
   WorkerStatus status(const std::string& unit);
   // GPUs with a running worker (for the coordinator's "shares a GPU").
   std::vector<std::uint32_t> busy_gpus();
@@ -56,6 +62,8 @@ class WorkerLauncher {
     pid_t pid = -1;
     std::uint32_t gpu = 0;
     WorkerStatus status;
+    std::optional<std::chrono::steady_clock::time_point> kill_at;  // after request_stop
+    bool stopping = false;  // asked to stop: dying of the signal is a clean end
   };
   void reap_locked();
 

@@ -178,8 +178,8 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
   auto started = ClusterAgent::start(std::move(agent), *service_, *tasks_, *workers_);
   if (!started) return std::unexpected("coordinator: " + started.error());
   agent_ = std::move(*started);
-  log(LogLevel::info, fmt::format("cluster agent: node {} connecting to {}", node_id,
-                                  c.coordinator_endpoint));
+  log(LogLevel::info,
+      fmt::format("cluster agent: node {} connecting to {}", node_id, c.coordinator_endpoint));
   return {};
 }
 

@@ -28,9 +28,10 @@ v1::FrontendReply ask(const v1::FrontendRequest& request, const ClusterOptions& 
   (void)socket.send(zmq::buffer(payload), zmq::send_flags::none);
   zmq::message_t reply;
   if (!socket.recv(reply)) {
-    fail(fmt::format("no reply from the coordinator at {} within {} s; is thaw-coordinator "
-                     "running there? (--coordinator or $THAW_COORDINATOR)",
-                     o.endpoint, o.timeout_s));
+    fail(
+        fmt::format("no reply from the coordinator at {} within {} s; is thaw-coordinator "
+                    "running there? (--coordinator or $THAW_COORDINATOR)",
+                    o.endpoint, o.timeout_s));
   }
   auto decoded = thaw::cluster::decode_frontend_reply(reply.to_string_view());
   if (!decoded) fail(fmt::format("the coordinator at {}: {}", o.endpoint, decoded.error()));
@@ -41,6 +42,7 @@ void print_json(const google::protobuf::Message& m) {
   std::string text;
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;  // every key present, for scripts
   (void)google::protobuf::util::MessageToJsonString(m, &text, options);
   fmt::print("{}\n", text);
 }
@@ -52,17 +54,19 @@ int refused(const v1::FrontendReply& reply, const ClusterOptions& o) {
   return kExitThawd;
 }
 
-std::string bytes(std::uint64_t n) { return thaw::text::format_bytes(static_cast<double>(n)); }
+std::string bytes(std::uint64_t n) {
+  return thaw::text::format_bytes(static_cast<double>(n));
+}
 
 void print_plan(const v1::Plan& plan) {
   if (plan.rebuilt()) {
-    fmt::print("plan {}: {} in {} stage(s) (rebuilt from node reports after a coordinator "
-               "restart)\n",
-               plan.id(), plan.model(), plan.stages());
+    fmt::print(
+        "plan {}: {} in {} stage(s) (rebuilt from node reports after a coordinator "
+        "restart)\n",
+        plan.id(), plan.model(), plan.stages());
   } else {
-    fmt::print("plan {}: {} in {} stage(s), predicted TTFT {:.2f} s, TPOT {:.3f} s{}\n",
-               plan.id(), plan.model(), plan.stages(), plan.predicted_ttft_s(),
-               plan.predicted_tpot_s(),
+    fmt::print("plan {}: {} in {} stage(s), predicted TTFT {:.2f} s, TPOT {:.3f} s{}\n", plan.id(),
+               plan.model(), plan.stages(), plan.predicted_ttft_s(), plan.predicted_tpot_s(),
                plan.meets_slo() ? "" : " (no scheme meets the SLOs: one full-memory worker)");
   }
   fmt::print("{:<6} {:<24} {:<4} {:<12} {:<8} {}\n", "STAGE", "NODE", "GPU", "WORKER", "FETCH",

@@ -81,8 +81,10 @@ int main(int argc, char** argv) {
   deploy_cmd->add_option("--size", size_text, "weight bytes, e.g. 13GiB")->required();
   deploy_cmd->add_option("--layers", o.layers, "transformer layers")->check(CLI::NonNegativeNumber);
   double ttft = 0, tpot = 0, prefill = 0, decode = 0;
-  deploy_cmd->add_option("--ttft", ttft, "TTFT SLO in seconds (0: none)")->check(CLI::NonNegativeNumber);
-  deploy_cmd->add_option("--tpot", tpot, "TPOT SLO in seconds (0: none)")->check(CLI::NonNegativeNumber);
+  deploy_cmd->add_option("--ttft", ttft, "TTFT SLO in seconds (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  deploy_cmd->add_option("--tpot", tpot, "TPOT SLO in seconds (0: none)")
+      ->check(CLI::NonNegativeNumber);
   deploy_cmd->add_option("--prefill", prefill, "prefill time on one GPU, seconds (t_p)")
       ->check(CLI::NonNegativeNumber);
   deploy_cmd->add_option("--decode", decode, "time per output token on one GPU, seconds (t_d)")
@@ -92,7 +94,9 @@ int main(int argc, char** argv) {
   cold_cmd->add_option("model", model, "a deployed model")->required();
   auto* load_cmd = cluster_cmd->add_subcommand("load", "report a model's load");
   load_cmd->add_option("model", model, "a deployed model")->required();
-  load_cmd->add_option("rps", rps, "requests per second")->required()->check(CLI::NonNegativeNumber);
+  load_cmd->add_option("rps", rps, "requests per second")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
   auto* state_cmd = cluster_cmd->add_subcommand("state", "nodes, deployed models and plans");
   app.footer(
       "Exit codes: 0 done, 1 thawd unreachable or refused (see the message), 2 bad usage,\n"
@@ -126,7 +130,8 @@ int main(int argc, char** argv) {
       if (load_cmd->parsed()) return cluster_load(model, rps, cluster);
       if (state_cmd->parsed()) return cluster_state(cluster);
     } catch (const Failure& f) {
-      if (o.json) fmt::print("{}\n", nlohmann::json{{"error", "cluster"}, {"message", f.message}}.dump());
+      if (o.json)
+        fmt::print("{}\n", nlohmann::json{{"error", "cluster"}, {"message", f.message}}.dump());
       fmt::print(stderr, "thawctl: {}\n", f.message);
       return f.exit_code;
     }
