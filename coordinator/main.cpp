@@ -80,6 +80,17 @@ int main(int argc, char** argv) {
   serve->add_option("--liveness", liveness, "heartbeats missed before a node is declared dead")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  std::string window = "300s";
+  serve
+      ->add_option("--window", window,
+                   "WarmServe's load window: load reports are averaged per window and the "
+                   "prewarmed replicas re-planned at each window's end")
+      ->capture_default_str();
+  serve
+      ->add_option("--batch-size", options.cluster.batch_size,
+                   "requests one instance serves at once (WarmServe's B)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   serve->add_flag("--verbose", verbose, "also log debug lines (sends to disconnected nodes...)");
   serve->add_flag("--launch-workers", options.cluster.launch_workers,
                   "plans also launch an engine per stage (the agents' worker command)");
@@ -108,6 +119,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.cluster.liveness = liveness;
+  try {
+    options.cluster.window_s = parse_seconds(window);
+  } catch (const std::exception&) {
+    options.cluster.window_s = 0;
+  }
+  if (options.cluster.window_s < 1 || options.cluster.window_s > 86400) {
+    fmt::print(stderr, "thaw-coordinator: --window {}: must be a duration from 1s to 86400s\n",
+               window);
+    return 2;
+  }
   auto key = thaw::zmqx::load_secret_key(key_file);
   if (!key) {
     fmt::print(stderr,

@@ -9,6 +9,7 @@
 
 #include "common/proto/cluster/cluster_codec.hpp"
 #include "coordinator/policy/hydraserve_allocation.hpp"
+#include "coordinator/policy/warmserve_placement.hpp"
 
 namespace thaw::coordinator {
 namespace {
@@ -33,6 +34,16 @@ double node_pcie(const v1::Register& r) {
       p = p == 0 ? g.pcie_bytes_per_s() : std::min(p, g.pcie_bytes_per_s());
   }
   return p > 0 ? p : 16e9;  // no figure reported: PCIe 4.0 x16's
+}
+
+// The key a node caches a registry name under, and reports its slots with ("org/name" →
+// "org--name", as NodeService::key_for).
+std::string cache_key(const std::string& name) {
+  std::string key = name;
+  for (std::size_t at = key.find('/'); at != std::string::npos; at = key.find('/', at + 2)) {
+    key.replace(at, 1, "--");
+  }
+  return key;
 }
 
 }  // namespace
@@ -68,8 +79,14 @@ std::vector<Outbound> ClusterState::on_node_message(const std::string& node_id,
     return out;
   }
   it->second.last_heard = now;
-  if (message.body_case() == v1::NodeMessage::kProgress)
+  if (message.body_case() == v1::NodeMessage::kProgress) {
     apply_progress(node_id, message.progress());
+  }
+  if (message.body_case() == v1::NodeMessage::kHeartbeat &&
+      message.heartbeat().resources_changed()) {
+    *it->second.report.mutable_gpus() = message.heartbeat().gpus();
+    *it->second.report.mutable_slots() = message.heartbeat().slots();
+  }
   return out;
 }
 
@@ -153,7 +170,133 @@ std::vector<Outbound> ClusterState::tick(double now, std::vector<std::string>* d
   }
   for (const std::string& id : dead) replan_stages_of(id, out);
   if (died != nullptr) *died = std::move(dead);
+  close_windows(now, out);
   return out;
+}
+
+void ClusterState::close_windows(double now, std::vector<Outbound>& out) {
+  const auto current = static_cast<std::int64_t>(std::floor(now / config_.window_s));
+  if (!window_) {
+    window_ = current;
+    return;
+  }
+  if (current <= *window_) return;
+  // A window nobody reported in repeats the last one (a frontend that stopped reporting
+  // has not lost its load); more than a day of silence is not filled in.
+  const std::int64_t closing = std::min<std::int64_t>(
+      current - *window_, static_cast<std::int64_t>(86400 / config_.window_s) + 1);
+  for (auto& [name, load] : load_) {
+    for (std::int64_t i = 0; i < closing; ++i) {
+      if (load.samples > 0) {
+        load.average.push_back(load.sum / load.samples);
+        load.peak.push_back(load.max);
+        load.sum = load.max = 0;
+        load.samples = 0;
+      } else {
+        load.average.push_back(load.average.empty() ? 0 : load.average.back());
+        load.peak.push_back(load.peak.empty() ? 0 : load.peak.back());
+      }
+    }
+  }
+  window_ = current;
+  prewarm_round(current, out);
+}
+
+// WarmServe §5: which replicas of which models to keep prewarmed for the window now opening.
+void ClusterState::prewarm_round(std::int64_t window, std::vector<Outbound>& out) {
+  ++prewarm_rounds_;
+  policy::CspConfig csp;
+  csp.windows_per_day =
+      std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(86400 / config_.window_s)));
+  // The GPUs of live nodes, and the node and local index of each.
+  std::vector<policy::ClusterGpu> gpus;
+  std::vector<std::pair<std::string, std::uint32_t>> gpu_at;
+  std::map<std::pair<std::string, std::uint32_t>, std::uint32_t> gpu_index;
+  double link_sum = 0;
+  std::uint32_t server = 0, links = 0;
+  for (const auto& [id, node] : nodes_) {
+    if (!node.alive) continue;
+    for (const v1::GpuInfo& g : node.report.gpus()) {
+      gpu_index[{id, g.index()}] = static_cast<std::uint32_t>(gpus.size());
+      gpus.push_back(
+          {server, static_cast<double>(g.free_bytes()), !g.runs_worker(), !g.runs_worker()});
+      gpu_at.emplace_back(id, g.index());
+    }
+    if (node.report.network_bytes_per_s() > 0) {
+      link_sum += node.report.network_bytes_per_s();
+      ++links;
+    }
+    ++server;
+  }
+  if (gpus.empty()) return;
+  const double link = links > 0 ? link_sum / links : 16e9 / 8;
+
+  // Models with load, by index; the cache key nodes report slots under.
+  std::vector<const v1::ModelSpec*> model_at;
+  std::map<std::string, std::uint32_t> model_by_key;
+  std::vector<policy::ModelDemand> demands;
+  for (auto& [name, load] : load_) {
+    auto spec = models_.find(name);
+    if (spec == models_.end() || load.average.empty()) continue;
+    const std::size_t t = load.average.size();
+    // CSP needs a day of history; until then the last window stands for the next.
+    const double average = policy::predict_load(load.average, t, csp).value_or(load.average.back());
+    const double peak =
+        std::max(policy::predict_load(load.peak, t, csp).value_or(load.peak.back()), average);
+    policy::ModelDemand d;
+    d.model = static_cast<std::uint32_t>(model_at.size());
+    d.size_bytes = static_cast<double>(spec->second.size_bytes());
+    d.parallelism = 1;
+    d.demand = {average, peak, load.active_instances, config_.batch_size, d.size_bytes / link};
+    load.predicted_average = average;
+    load.predicted_peak = peak;
+    load.replicas_wanted = static_cast<std::uint32_t>(policy::prewarm_replicas(d.demand).size());
+    demands.push_back(d);
+    model_by_key[cache_key(name)] = d.model;
+    model_at.push_back(&spec->second);
+  }
+  if (demands.empty()) return;
+
+  // What is prewarmed (or being prewarmed) already: slots the nodes report, and prewarm
+  // tasks still running whose slot the next report will show.
+  std::set<std::pair<std::uint32_t, std::uint32_t>> seen;  // (model, gpu)
+  std::vector<policy::PrewarmReplica> existing;
+  auto add_existing = [&](std::uint32_t model, std::uint32_t gpu) {
+    if (seen.insert({model, gpu}).second) existing.push_back({model, {gpu}, 0});
+  };
+  for (const auto& [id, node] : nodes_) {
+    if (!node.alive) continue;
+    for (const v1::SlotInfo& slot : node.report.slots()) {
+      auto m = model_by_key.find(slot.model());
+      auto g = gpu_index.find({id, slot.gpu()});
+      if (m != model_by_key.end() && g != gpu_index.end() && slot.state() != "evicting") {
+        add_existing(m->second, g->second);
+      }
+    }
+    for (const v1::TaskStatus& t : node.report.tasks()) {
+      if (t.task().kind() != v1::TASK_PREWARM || t.state() != v1::TASK_RUNNING) continue;
+      auto m = model_by_key.find(cache_key(t.task().model().name()));
+      auto g = gpu_index.find({id, t.task().gpu()});
+      if (m != model_by_key.end() && g != gpu_index.end()) add_existing(m->second, g->second);
+    }
+  }
+
+  for (const policy::PlacedReplica& placed :
+       policy::place_prewarm_replicas(demands, gpus, existing)) {
+    const v1::ModelSpec& model = *model_at.at(placed.replica.model);
+    for (std::uint32_t g : placed.replica.gpus) {
+      const auto& [node_id, local] = gpu_at.at(g);
+      v1::CoordinatorMessage m;
+      v1::Task* t = m.mutable_task();
+      t->set_plan_id(fmt::format("warm-{}", window));
+      t->set_id(fmt::format("warm-{}/{}/{}", window, model.name(), local));
+      t->set_kind(v1::TASK_PREWARM);
+      *t->mutable_model() = model;
+      t->set_stages(1);
+      t->set_gpu(local);
+      out.push_back({node_id, std::move(m)});
+    }
+  }
 }
 
 double ClusterState::next_deadline(double now) const {
@@ -164,6 +307,7 @@ double ClusterState::next_deadline(double now) const {
     next = std::min(next, node.last_heartbeat_sent + config_.heartbeat_interval_s - now);
     next = std::min(next, node.last_heard + liveness - now);
   }
+  if (window_) next = std::min(next, static_cast<double>(*window_ + 1) * config_.window_s - now);
   return std::max(next, 0.0);
 }
 
@@ -341,7 +485,14 @@ v1::FrontendReply ClusterState::on_frontend_request(const v1::FrontendRequest& r
         reply.set_error(fmt::format("model {} is not deployed", request.load().model()));
         break;
       }
-      load_[request.load().model()] = request.load().requests_per_s();
+      ModelLoad& load = load_[request.load().model()];
+      const double concurrent = request.load().concurrent_requests();
+      load.sum += concurrent;
+      load.max = std::max(load.max, concurrent);
+      ++load.samples;
+      load.active_instances = request.load().active_instances();
+      load.requests_per_s = request.load().requests_per_s();
+      if (!window_) window_ = static_cast<std::int64_t>(std::floor(now / config_.window_s));
       *reply.mutable_deployed() = models_[request.load().model()];
       break;
     }
@@ -365,6 +516,21 @@ v1::ClusterState ClusterState::snapshot(double now) const {
   }
   for (const auto& [name, model] : models_) *state.add_models() = model;
   for (const auto& [id, plan] : plans_) *state.add_plans() = plan.plan;
+  for (const auto& [name, load] : load_) {
+    v1::ModelLoadState* l = state.add_loads();
+    l->set_model(name);
+    l->set_windows(static_cast<std::uint32_t>(load.average.size()));
+    if (!load.average.empty()) {
+      l->set_last_average(load.average.back());
+      l->set_last_peak(load.peak.back());
+    }
+    l->set_predicted_average(load.predicted_average);
+    l->set_predicted_peak(load.predicted_peak);
+    l->set_active_instances(load.active_instances);
+    l->set_replicas_wanted(load.replicas_wanted);
+  }
+  state.set_window_s(config_.window_s);
+  state.set_prewarm_rounds(prewarm_rounds_);
   return state;
 }
 

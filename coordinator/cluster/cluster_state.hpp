@@ -35,7 +35,12 @@ struct ClusterConfig {
   int liveness = 3;
   // Costs Alg. 1 adds to a model's own (runtime start-up, §4.1's t_c / t_cc, t_cu, t_l).
   policy::ColdStartCosts startup;
-  bool launch_workers = false;    // plans also launch an engine per stage (agent's worker command)
+  bool launch_workers = false;  // plans also launch an engine per stage (agent's worker command)
+  // WarmServe: load reports are folded into windows of this length; at each window's end the
+  // next window's average and peak load are predicted (CSP, Eq. 2–4), replica demand and
+  // scores computed (Eq. 5–8) and the missing replicas placed (Alg. 1) as PREWARM tasks.
+  double window_s = 300;
+  std::uint32_t batch_size = 32;  // B: requests one instance serves (WarmServe §7.1)
   std::string plan_prefix = "p";  // plan ids are "<prefix>-<n>"; unique per coordinator run
 };
 
@@ -56,6 +61,18 @@ struct PlanRecord {
   v1::ModelSpec model;
 };
 
+// A model's load history, one entry per closed window, and the window being collected.
+struct ModelLoad {
+  std::vector<double> average;  // mean of the concurrent requests reported in each window
+  std::vector<double> peak;     // their maximum
+  double sum = 0, max = 0;      // the open window
+  std::uint32_t samples = 0;
+  std::uint32_t active_instances = 0;  // K, as last reported
+  double requests_per_s = 0;
+  double predicted_average = 0, predicted_peak = 0;  // at the last prewarm round
+  std::uint32_t replicas_wanted = 0;
+};
+
 class ClusterState {
  public:
   explicit ClusterState(ClusterConfig config);
@@ -72,6 +89,8 @@ class ClusterState {
   v1::ClusterState snapshot(double now) const;
   const std::map<std::string, NodeRecord>& nodes() const { return nodes_; }
   const std::map<std::string, PlanRecord>& plans() const { return plans_; }
+  const std::map<std::string, ModelLoad>& loads() const { return load_; }
+  std::uint64_t prewarm_rounds() const { return prewarm_rounds_; }
   // Seconds until tick() has something to do (the next heartbeat or liveness deadline).
   double next_deadline(double now) const;
 
@@ -85,11 +104,16 @@ class ClusterState {
   void apply_progress(const std::string& node_id, const v1::TaskStatus& status);
   std::optional<std::pair<std::string, std::uint32_t>> replacement_for(const PlanRecord& plan,
                                                                        double stage_bytes) const;
+  // Closes the windows that ended before `now`; a prewarm round after each closing.
+  void close_windows(double now, std::vector<Outbound>& out);
+  void prewarm_round(std::int64_t window, std::vector<Outbound>& out);
 
   ClusterConfig config_;
   std::map<std::string, NodeRecord> nodes_;
   std::map<std::string, v1::ModelSpec> models_;
-  std::map<std::string, double> load_;  // requests/s last reported per model
+  std::map<std::string, ModelLoad> load_;
+  std::optional<std::int64_t> window_;  // index of the open window (now / window_s)
+  std::uint64_t prewarm_rounds_ = 0;
   std::map<std::string, PlanRecord> plans_;
   std::uint64_t next_plan_ = 1;
 };

@@ -92,10 +92,18 @@ std::vector<PlacedReplica> place_prewarm_replicas(std::span<const ModelDemand> m
   };
   for (std::size_t i = 0; i < replicas.size(); ++i)
     replicas_on[server_of(replicas[i])].push_back(i);
+  // Replicas already prewarmed stand for their model's highest-ranked wanted ones: a round
+  // places only what is missing (the coordinator runs one every window).
+  std::map<std::uint32_t, std::size_t> already;
+  for (const PrewarmReplica& r : existing) ++already[r.model];
   std::vector<PlacedReplica> placed;
   for (const Wanted& w : wanted) {
     const ModelDemand& m = *w.model;
     if (m.parallelism == 0) continue;
+    if (auto it = already.find(m.model); it != already.end() && it->second > 0) {
+      --it->second;
+      continue;
+    }
     const double need = m.size_bytes / m.parallelism;
     std::optional<std::vector<std::uint32_t>> best;
     bool best_beats_all = false;  // H_g < score

@@ -52,7 +52,9 @@ struct PlacedReplica {
   std::uint32_t rank = 0;
 };
 
-// Alg. 1: the replicas to prewarm now and where, given the replicas already there.
+// Alg. 1: the replicas to prewarm now and where, given the replicas already there. An existing
+// replica of a model counts as that model's highest-ranked wanted replica (so a round places
+// only what is missing); all existing replicas constrain where new ones may go.
 std::vector<PlacedReplica> place_prewarm_replicas(std::span<const ModelDemand> models,
                                                   std::span<const ClusterGpu> gpus,
                                                   std::span<const PrewarmReplica> existing);

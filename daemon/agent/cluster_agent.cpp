@@ -56,10 +56,23 @@ AgentStatus ClusterAgent::status() const {
 }
 
 v1::Register ClusterAgent::registration() const {
-  v1::Register r;
+  v1::Register r = resources();
   r.set_node_id(config_.node_id);
   r.set_thaw_version(THAW_VERSION);
   r.set_network_bytes_per_s(static_cast<double>(config_.network_bytes_per_s));
+  for (const ModelStatus& m : service_.models()) {
+    v1::CachedModel* c = r.add_cache();
+    c->set_key(m.key);
+    c->set_state(std::string(to_string(m.state)));
+    c->set_fetched_bytes(m.fetched_bytes);
+    c->set_total_bytes(m.total_bytes);
+  }
+  for (const v1::TaskStatus& t : tasks_.held()) *r.add_tasks() = t;
+  return r;
+}
+
+v1::Register ClusterAgent::resources() const {
+  v1::Register r;
   const std::vector<std::uint32_t> busy = workers_.busy_gpus();
   for (const GpuStatus& g : service_.gpus()) {
     v1::GpuInfo* gpu = r.add_gpus();
@@ -69,13 +82,6 @@ v1::Register ClusterAgent::registration() const {
     gpu->set_pcie_bytes_per_s(static_cast<double>(config_.pcie_bytes_per_s));
     gpu->set_runs_worker(std::ranges::find(busy, g.index) != busy.end());
   }
-  for (const ModelStatus& m : service_.models()) {
-    v1::CachedModel* c = r.add_cache();
-    c->set_key(m.key);
-    c->set_state(std::string(to_string(m.state)));
-    c->set_fetched_bytes(m.fetched_bytes);
-    c->set_total_bytes(m.total_bytes);
-  }
   for (const SlotStatus& s : service_.slots()) {
     v1::SlotInfo* slot = r.add_slots();
     slot->set_id(s.id);
@@ -84,7 +90,6 @@ v1::Register ClusterAgent::registration() const {
     slot->set_state(s.state);
     slot->set_resident_bytes(s.resident_bytes);
   }
-  for (const v1::TaskStatus& t : tasks_.held()) *r.add_tasks() = t;
   return r;
 }
 
@@ -103,9 +108,11 @@ void ClusterAgent::run() {
     } catch (const zmq::error_t&) {
     }
   };
+  std::string last_resources;  // serialised GPUs and slots as last reported
   auto send_registration = [&](zmq::socket_t& socket) {
     v1::NodeMessage m;
     *m.mutable_register_() = registration();
+    last_resources = resources().SerializeAsString();
     send(socket, std::move(m));
     registrations_.fetch_add(1);
   };
@@ -205,7 +212,17 @@ void ClusterAgent::run() {
         }
         if (welcomed) {
           v1::NodeMessage beat;
-          beat.mutable_heartbeat()->set_sequence(++sequence);
+          v1::Heartbeat* h = beat.mutable_heartbeat();
+          h->set_sequence(++sequence);
+          // GPU pools and slots ride along when they changed since the last report.
+          v1::Register now_have = resources();
+          std::string text = now_have.SerializeAsString();
+          if (text != last_resources) {
+            h->set_resources_changed(true);
+            *h->mutable_gpus() = now_have.gpus();
+            *h->mutable_slots() = now_have.slots();
+            last_resources = std::move(text);
+          }
           send(socket, std::move(beat));
         } else {
           // Not welcomed yet: a registration sent before the handshake succeeded (say the

@@ -68,6 +68,7 @@ class ClusterAgent {
                WorkerLauncher& workers);
   void run();
   v1::Register registration() const;
+  v1::Register resources() const;  // GPUs and slots only (what heartbeats carry when changed)
 
   AgentConfig config_;
   NodeService& service_;

@@ -73,6 +73,18 @@ void TaskRunner::run_locked(Held& held) {
       }
       return set_state(held.status, v1::TASK_DONE);
     }
+    case v1::TASK_ACTIVATE: {
+      auto key = NodeService::key_for(model);
+      if (!key) return set_state(held.status, v1::TASK_FAILED, key.error().message);
+      for (const SlotStatus& s : service_.slots()) {
+        if (s.model != *key || s.gpu != task.gpu() || s.state != "prewarmed") continue;
+        auto ok = service_.activate(s.id, 0);
+        return ok ? set_state(held.status, v1::TASK_DONE)
+                  : set_state(held.status, v1::TASK_FAILED, ok.error().message);
+      }
+      return set_state(held.status, v1::TASK_FAILED,
+                       fmt::format("no prewarmed slot of {} on GPU {}", model, task.gpu()));
+    }
     case v1::TASK_LAUNCH_WORKER: {
       if (settings_.command.empty()) {
         return set_state(held.status, v1::TASK_FAILED,

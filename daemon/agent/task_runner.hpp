@@ -7,6 +7,7 @@
 //                  fetch runs, done when it ends with the stage's bytes in the cache
 //   prewarm        NodeService::prewarm(model, gpu, layers); done when the slot is prewarmed
 //   evict          every slot of the model on this node
+//   activate       the model's prewarmed slot on the GPU becomes its active one (no copy)
 //   launch-worker  the configured worker command with the preload shim (WorkerLauncher);
 //                  running while it runs, done on exit 0
 //   stop-worker    stops the plan stage's worker

@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang and runs them one after the other, sharing the time:
-#   module_image_fuzz  the module image parsers (emu/src/cubin.cpp, fatbin.cpp)
-#   safetensors_fuzz   the safetensors header and index parsers (common/safetensors core)
+#   module_image_fuzz     the module image parsers (emu/src/cubin.cpp, fatbin.cpp)
+#   safetensors_fuzz      the safetensors header and index parsers (common/safetensors core)
+#   cluster_message_fuzz  the cluster control plane's decode-and-validate core
+#                         (common/proto/cluster/cluster_codec_core)
 #
 #   tests/fuzz/run-libfuzzer.sh [seconds (default 60)] [extra libFuzzer flags...]
 #
-# The seconds are the total: module_image_fuzz gets the first half (rounded up), safetensors_fuzz
-# the rest (at least 1 s each). Extra flags go to both.
+# The seconds are the total, split evenly among the targets run (the earlier ones get the
+# remainder's extra seconds; at least 1 s each). Extra flags go to every target.
 #
 # Configures tests/fuzz on its own (clang cannot build the rest of thaw) in build/fuzz, with
 # ASan + UBSan + libFuzzer, seeds a working corpus per target -- build/fuzz/corpus from
 # tests/fuzz/corpus/module_image and the images nvcc builds from tests/emu/testdata;
-# build/fuzz/corpus-safetensors from tests/fuzz/corpus/safetensors and the shared tiny GPT-2 --
-# and fuzzes. New interesting inputs stay in the working corpora; a crash is written to
-# build/fuzz/artifacts/ (safetensors ones prefixed "safetensors-") and the script exits
-# non-zero after both runs. Reproduce one with
+# build/fuzz/corpus-safetensors from tests/fuzz/corpus/safetensors and the shared tiny GPT-2;
+# build/fuzz/corpus-cluster from tests/fuzz/corpus/cluster -- and fuzzes. New interesting
+# inputs stay in the working corpora; a crash is written to build/fuzz/artifacts/ (safetensors
+# ones prefixed "safetensors-", cluster ones "cluster-") and the script exits non-zero after
+# all the runs. Reproduce one with
 #   build/fuzz/module_image_fuzz build/fuzz/artifacts/crash-...
 #   build/fuzz/safetensors_fuzz build/fuzz/artifacts/safetensors-crash-...
+#   build/fuzz/cluster_message_fuzz build/fuzz/artifacts/cluster-crash-...
 # or with the g++ build: build/default/tests/fuzz/<target>_replay --mutations 0 <file>.
 #
 # Environment: CXX (default: clang++-14 if present, else clang++), JOBS (build jobs, default 2),
 # FUZZ_JOBS (parallel fuzzing processes, default 1), FUZZ_TARGETS (default
-# "module_image safetensors": which to run; one alone gets all the seconds).
+# "module_image safetensors cluster": which to run; one alone gets all the seconds).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -40,18 +44,22 @@ fi
 
 cmake -S "$root/tests/fuzz" -B "$build" -G Ninja \
   -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTHAW_BUILD_FUZZERS=ON >/dev/null
-read -r -a targets <<<"${FUZZ_TARGETS:-module_image safetensors}"
+read -r -a targets <<<"${FUZZ_TARGETS:-module_image safetensors cluster}"
 build_targets=()
 for t in "${targets[@]}"; do
   case "$t" in
     module_image) build_targets+=(module_image_fuzz thaw_module_testdata) ;;
     safetensors) build_targets+=(safetensors_fuzz) ;;
-    *) echo "run-libfuzzer.sh: unknown fuzz target '$t' (module_image, safetensors)" >&2; exit 2 ;;
+    cluster) build_targets+=(cluster_message_fuzz) ;;
+    *)
+      echo "run-libfuzzer.sh: unknown fuzz target '$t' (module_image, safetensors, cluster)" >&2
+      exit 2
+      ;;
   esac
 done
 cmake --build "$build" -j "${JOBS:-2}" --target "${build_targets[@]}"
 
-mkdir -p "$build/corpus" "$build/corpus-safetensors" "$build/artifacts"
+mkdir -p "$build/corpus" "$build/corpus-safetensors" "$build/corpus-cluster" "$build/artifacts"
 cp -n "$root/tests/fuzz/corpus/module_image/"* "$build/corpus/" 2>/dev/null || true
 for f in "$build/testdata/images/"*; do
   [[ "$f" == *.d ]] || cp -n "$f" "$build/corpus/" 2>/dev/null || true
@@ -62,22 +70,20 @@ if [[ -f "$tiny_gpt2" ]]; then
   cp -n "$tiny_gpt2" "$build/corpus-safetensors/tiny_gpt2.safetensors" 2>/dev/null || true
 fi
 chmod -R u+w "$build/corpus-safetensors"  # the shared copy is read-only; libFuzzer adds files
+cp -n "$root/tests/fuzz/corpus/cluster/"* "$build/corpus-cluster/" 2>/dev/null || true
 
 parallel=()
 if [[ "${FUZZ_JOBS:-1}" -gt 1 ]]; then  # libFuzzer then logs to fuzz-<n>.log in build/fuzz
   parallel=(-jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS")
 fi
 
-# The time split: the first target gets the larger half.
+# The time split: even, the first (seconds mod targets) targets get one second more.
 declare -A share
-if [[ ${#targets[@]} -eq 1 ]]; then
-  share[${targets[0]}]=$seconds
-else
-  first=$(( (seconds + 1) / 2 ))
-  share[${targets[0]}]=$(( first > 0 ? first : 1 ))
-  rest=$(( seconds - first ))
-  share[${targets[1]}]=$(( rest > 0 ? rest : 1 ))
-fi
+n=${#targets[@]}
+for i in "${!targets[@]}"; do
+  s=$(( seconds / n + (i < seconds % n ? 1 : 0) ))
+  share[${targets[$i]}]=$(( s > 0 ? s : 1 ))
+done
 
 cd "$build"
 status=0
@@ -95,6 +101,12 @@ for t in "${targets[@]}"; do
         -rss_limit_mb=4096 -dict="$root/tests/fuzz/safetensors.dict" \
         -artifact_prefix="$build/artifacts/safetensors-" -print_final_stats=1 \
         "${parallel[@]}" "$@" "$build/corpus-safetensors" || status=$?
+      ;;
+    cluster)
+      echo "run-libfuzzer.sh: cluster_message_fuzz for ${share[$t]}s (corpus $build/corpus-cluster)"
+      ./cluster_message_fuzz -max_total_time="${share[$t]}" -max_len=16384 -timeout=10 \
+        -rss_limit_mb=4096 -artifact_prefix="$build/artifacts/cluster-" -print_final_stats=1 \
+        "${parallel[@]}" "$@" "$build/corpus-cluster" || status=$?
       ;;
   esac
 done

@@ -86,6 +86,7 @@ class Node {
   }
   std::string log() const { return slurp(dir_ / "thawd.log"); }
   const std::string& id() const { return id_; }
+  const std::string& bus_address() const { return bus_->address(); }
 
  private:
   std::filesystem::path dir_;
@@ -361,6 +362,56 @@ TEST_F(ClusterControlPlane, LaunchWorkerTasksStartTheConfiguredEngineWithTheShim
     const std::string text = slurp(dir_.path() / fmt::format("worker-{}.out", stage));
     EXPECT_EQ(text, fmt::format("/opt/thaw/libthaw-preload.so {}/2 gpt-syn 0\n", stage));
   }
+}
+
+// WarmServe's loop: load reports fold into 1 s windows; at a window's end the coordinator
+// predicts the next, wants ⌈100/32⌉ − 1 = 3 replicas and places what fits (one per GPU: two
+// nodes, one GPU each); each node prewarms the model (fetching it first) and its heartbeats
+// report the slot.
+TEST_F(ClusterControlPlane, LoadReportsLeadToPrewarmedSlotsOnIdleGpus) {
+  start_coordinator({"--window", "1s"});
+  for (const char* id : {"node-a", "node-b"}) add_node(id);
+  ASSERT_TRUE(eventually([&] { return alive_nodes().size() == 2; }, 20s)) << coordinator_log();
+  auto d = cluster({"deploy", store::testing::kModelName, "--size", std::to_string(model_bytes_),
+                    "--layers", "8"});
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  auto l = cluster({"load", store::testing::kModelName, "--concurrent", "100", "--instances", "1"});
+  ASSERT_EQ(l.exit_code, 0) << l.output;
+  auto prewarmed_on = [&](const json& s, const std::string& node_id) {
+    for (const json& n : s["nodes"]) {
+      if (n["node_id"] != node_id) continue;
+      for (const json& slot : n["report"]["slots"]) {
+        if (slot["model"] == store::testing::kModelName && slot["state"] == "prewarmed") {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  ASSERT_TRUE(eventually(
+      [&] {
+        const json s = state();
+        return prewarmed_on(s, "node-a") && prewarmed_on(s, "node-b");
+      },
+      60s))
+      << state().dump(2) << coordinator_log() << node("node-a").log();
+  const json s = state();
+  ASSERT_EQ(s["loads"].size(), 1u) << s.dump(2);
+  EXPECT_EQ(s["loads"][0].value("replicas_wanted", 0), 3);
+  EXPECT_DOUBLE_EQ(s["loads"][0].value("last_average", 0.0), 100.0);
+  // The nodes say so themselves, over their own D-Bus.
+  for (const char* id : {"node-a", "node-b"}) {
+    auto slots = run({THAWCTL_PATH, "--bus=" + node(id).bus_address(), "--json", "slots"});
+    EXPECT_NE(slots.output.find("prewarmed"), std::string::npos) << slots.output;
+  }
+  // Later windows with the same load place nothing more: the slots count.
+  std::this_thread::sleep_for(2500ms);
+  std::size_t prewarm_tasks = 0;
+  const json later = state();
+  for (const json& n : later["nodes"]) {
+    for (const json& t : n["report"]["tasks"]) prewarm_tasks += t["task"]["kind"] == "TASK_PREWARM";
+  }
+  EXPECT_EQ(prewarm_tasks, 2u);
 }
 
 TEST_F(ClusterControlPlane, AnAgentWithAKeyNotOnTheAllowListIsRefused) {

@@ -109,9 +109,12 @@ int cluster_cold_start(const std::string& model, const ClusterOptions& o) {
   return kExitOk;
 }
 
-int cluster_load(const std::string& model, double requests_per_s, const ClusterOptions& o) {
+int cluster_load(const std::string& model, double concurrent_requests, unsigned active_instances,
+                 double requests_per_s, const ClusterOptions& o) {
   v1::FrontendRequest request;
   request.mutable_load()->set_model(model);
+  request.mutable_load()->set_concurrent_requests(concurrent_requests);
+  request.mutable_load()->set_active_instances(active_instances);
   request.mutable_load()->set_requests_per_s(requests_per_s);
   const v1::FrontendReply reply = ask(request, o);
   if (!reply.error().empty()) return refused(reply, o);
@@ -146,6 +149,18 @@ int cluster_state(const ClusterOptions& o) {
   for (const v1::Plan& p : state.plans()) {
     fmt::print("\n");
     print_plan(p);
+  }
+  if (state.loads_size() > 0) {
+    fmt::print(
+        "\nload per {:.0f} s window ({} prewarm round(s)):\n{:<24} {:>7} {:>9} {:>9} {:>9} "
+        "{:>9} {:>4} {:>8}\n",
+        state.window_s(), state.prewarm_rounds(), "MODEL", "WINDOWS", "LAST AVG", "LAST PEAK",
+        "PRED AVG", "PRED PEAK", "K", "REPLICAS");
+    for (const v1::ModelLoadState& l : state.loads()) {
+      fmt::print("{:<24} {:>7} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>4} {:>8}\n", l.model(),
+                 l.windows(), l.last_average(), l.last_peak(), l.predicted_average(),
+                 l.predicted_peak(), l.active_instances(), l.replicas_wanted());
+    }
   }
   return kExitOk;
 }

@@ -2,7 +2,7 @@
 //
 //   deploy MODEL --size SIZE [--layers N] [--ttft S] [--tpot S] [--prefill S] [--decode S]
 //   cold-start MODEL                 plan a cold start (HydraServe Alg. 1) and send its tasks
-//   load MODEL RPS                   report a model's load (requests per second)
+//   load MODEL --concurrent N [--instances K] [--rps R]   report a model's load
 //   state                            nodes (alive, last heard, GPUs, tasks), models, plans
 //
 // The coordinator is $THAW_COORDINATOR or ipc:///run/thaw/coordinator.sock unless
@@ -24,7 +24,8 @@ struct ClusterOptions {
 // Each returns the exit code (bus_client.hpp's kExit*) or throws Failure.
 int cluster_deploy(const thaw::cluster::v1::ModelSpec& model, const ClusterOptions& o);
 int cluster_cold_start(const std::string& model, const ClusterOptions& o);
-int cluster_load(const std::string& model, double requests_per_s, const ClusterOptions& o);
+int cluster_load(const std::string& model, double concurrent_requests, unsigned active_instances,
+                 double requests_per_s, const ClusterOptions& o);
 int cluster_state(const ClusterOptions& o);
 
 }  // namespace thawctl

@@ -92,10 +92,16 @@ int main(int argc, char** argv) {
   auto* cold_cmd = cluster_cmd->add_subcommand(
       "cold-start", "plan a cold start (pipeline stages on nodes) and send its tasks");
   cold_cmd->add_option("model", model, "a deployed model")->required();
-  auto* load_cmd = cluster_cmd->add_subcommand("load", "report a model's load");
+  double concurrent = 0;
+  unsigned instances = 0;
+  auto* load_cmd = cluster_cmd->add_subcommand(
+      "load", "report a model's load (WarmServe predicts each window's from these)");
   load_cmd->add_option("model", model, "a deployed model")->required();
-  load_cmd->add_option("rps", rps, "requests per second")
+  load_cmd->add_option("--concurrent", concurrent, "requests in flight now")
       ->required()
+      ->check(CLI::NonNegativeNumber);
+  load_cmd->add_option("--instances", instances, "instances serving or starting (K)");
+  load_cmd->add_option("--rps", rps, "arrivals per second (informational)")
       ->check(CLI::NonNegativeNumber);
   auto* state_cmd = cluster_cmd->add_subcommand("state", "nodes, deployed models and plans");
   app.footer(
@@ -127,7 +133,7 @@ int main(int argc, char** argv) {
         return cluster_deploy(spec, cluster);
       }
       if (cold_cmd->parsed()) return cluster_cold_start(model, cluster);
-      if (load_cmd->parsed()) return cluster_load(model, rps, cluster);
+      if (load_cmd->parsed()) return cluster_load(model, concurrent, instances, rps, cluster);
       if (state_cmd->parsed()) return cluster_state(cluster);
     } catch (const Failure& f) {
       if (o.json)

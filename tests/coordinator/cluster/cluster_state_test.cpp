@@ -363,5 +363,168 @@ TEST(ClusterState, ANodeWhoseLinkIsFullIsLeftOut) {
   EXPECT_EQ(reply.plan().placement(0).node_id(), "free");
 }
 
+// ---- WarmServe: load windows and prewarm rounds -------------------------------------------
+
+// Nodes "w0".."w<n-1>", each with two 24 GiB GPUs of which `free` is free.
+ClusterState warm_cluster(int n, std::uint64_t free, double window_s = 10) {
+  ClusterConfig c = config();
+  c.window_s = window_s;
+  c.batch_size = 32;
+  c.liveness = 1000;  // these tests are about windows, not deaths
+  ClusterState state(c);
+  for (int i = 0; i < n; ++i) {
+    const std::string id = "w" + std::to_string(i);
+    v1::NodeMessage m = registration(id, free);
+    v1::GpuInfo* g = m.mutable_register_()->add_gpus();
+    g->set_index(1);
+    g->set_memory_bytes(24 * GiB);
+    g->set_free_bytes(free);
+    state.on_node_message(id, m, 0);
+  }
+  return state;
+}
+
+v1::FrontendRequest load(const std::string& model, double concurrent, std::uint32_t instances) {
+  v1::FrontendRequest r;
+  r.mutable_load()->set_model(model);
+  r.mutable_load()->set_concurrent_requests(concurrent);
+  r.mutable_load()->set_active_instances(instances);
+  return r;
+}
+
+std::vector<Outbound> prewarm_tasks(const std::vector<Outbound>& out) {
+  std::vector<Outbound> tasks;
+  for (const Outbound& t : tasks_in(out)) {
+    if (t.message.task().kind() == v1::TASK_PREWARM) tasks.push_back(t);
+  }
+  return tasks;
+}
+
+TEST(ClusterStateWarmServe, LoadReportsAreAveragedAndPeakedPerWindow) {
+  ClusterState state = warm_cluster(1, 20 * GiB);
+  std::vector<Outbound> out;
+  state.on_frontend_request(deploy("m", GiB, 0), 0, out);
+  state.tick(0);
+  for (double c : {10.0, 30.0, 20.0}) state.on_frontend_request(load("m", c, 1), 1, out);
+  state.tick(10.5);  // window 0 closes
+  const ModelLoad& l = state.loads().at("m");
+  ASSERT_EQ(l.average.size(), 1u);
+  EXPECT_DOUBLE_EQ(l.average[0], 20);
+  EXPECT_DOUBLE_EQ(l.peak[0], 30);
+  // A window without reports repeats the last one.
+  state.tick(20.5);
+  ASSERT_EQ(l.average.size(), 2u);
+  EXPECT_DOUBLE_EQ(l.average[1], 20);
+  EXPECT_EQ(state.prewarm_rounds(), 2u);
+}
+
+// 100 concurrent requests with one instance at batch 32: N_basic = ⌈100/32⌉ − 1 = 3 replicas,
+// on three different GPUs (never two of one model on a GPU).
+TEST(ClusterStateWarmServe, AWindowsEndPrewarmsTheReplicasTheLoadNeeds) {
+  ClusterState state = warm_cluster(2, 20 * GiB);
+  std::vector<Outbound> out;
+  state.on_frontend_request(deploy("org/m", GiB, 0), 0, out);
+  state.tick(0);
+  state.on_frontend_request(load("org/m", 100, 1), 1, out);
+  EXPECT_TRUE(prewarm_tasks(state.tick(5)).empty());  // the window is still open
+  auto tasks = prewarm_tasks(state.tick(10.5));
+  ASSERT_EQ(tasks.size(), 3u);
+  std::set<std::pair<std::string, std::uint32_t>> gpus;
+  for (const Outbound& t : tasks) {
+    EXPECT_EQ(t.message.task().model().name(), "org/m");
+    EXPECT_EQ(t.message.task().stages(), 1u);
+    EXPECT_TRUE(t.message.task().plan_id().starts_with("warm-"));
+    gpus.insert({t.node_id, t.message.task().gpu()});
+  }
+  EXPECT_EQ(gpus.size(), 3u);
+  EXPECT_EQ(state.loads().at("org/m").replicas_wanted, 3u);
+}
+
+// Replicas already prewarmed (slots the nodes report, under the cache key) or being prewarmed
+// (running tasks) are not placed again.
+TEST(ClusterStateWarmServe, ExistingSlotsAndRunningPrewarmsCount) {
+  ClusterState state = warm_cluster(2, 20 * GiB);
+  std::vector<Outbound> out;
+  state.on_frontend_request(deploy("org/m", GiB, 0), 0, out);
+  state.tick(0);
+  state.on_frontend_request(load("org/m", 100, 1), 1, out);
+  auto first = prewarm_tasks(state.tick(10.5));
+  ASSERT_EQ(first.size(), 3u);
+  // The first is running on its node; the second's slot is reported by a heartbeat.
+  v1::NodeMessage progress;
+  *progress.mutable_progress()->mutable_task() = first[0].message.task();
+  progress.mutable_progress()->set_state(v1::TASK_RUNNING);
+  state.on_node_message(first[0].node_id, progress, 11);
+  v1::NodeMessage beat = heartbeat();
+  beat.mutable_heartbeat()->set_resources_changed(true);
+  *beat.mutable_heartbeat()->mutable_gpus() = state.nodes().at(first[1].node_id).report.gpus();
+  v1::SlotInfo* slot = beat.mutable_heartbeat()->add_slots();
+  slot->set_id("g0s0");
+  slot->set_gpu(first[1].message.task().gpu());
+  slot->set_model("org--m");
+  slot->set_state("prewarmed");
+  state.on_node_message(first[1].node_id, beat, 11);
+  EXPECT_EQ(state.nodes().at(first[1].node_id).report.slots_size(), 1);
+  // Same load next window: only the third (never acknowledged) is placed again.
+  state.on_frontend_request(load("org/m", 100, 1), 12, out);
+  auto second = prewarm_tasks(state.tick(20.5));
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_FALSE(second[0].node_id == first[0].node_id &&
+               second[0].message.task().gpu() == first[0].message.task().gpu());
+  EXPECT_FALSE(second[0].node_id == first[1].node_id &&
+               second[0].message.task().gpu() == first[1].message.task().gpu());
+}
+
+TEST(ClusterStateWarmServe, EnoughInstancesMeanNoPrewarm) {
+  ClusterState state = warm_cluster(2, 20 * GiB);
+  std::vector<Outbound> out;
+  state.on_frontend_request(deploy("m", GiB, 0), 0, out);
+  state.tick(0);
+  state.on_frontend_request(load("m", 60, 2), 1, out);  // ⌈60/32⌉ = 2 = K
+  EXPECT_TRUE(prewarm_tasks(state.tick(10.5)).empty());
+  EXPECT_EQ(state.loads().at("m").replicas_wanted, 0u);
+}
+
+TEST(ClusterStateWarmServe, AGpuWithoutRoomGetsNoReplica) {
+  ClusterState state = warm_cluster(1, GiB / 2);
+  std::vector<Outbound> out;
+  state.on_frontend_request(deploy("m", GiB, 0), 0, out);
+  state.tick(0);
+  state.on_frontend_request(load("m", 100, 0), 1, out);
+  EXPECT_TRUE(prewarm_tasks(state.tick(10.5)).empty());
+}
+
+TEST(ClusterStateWarmServe, StateShowsLoadsAndPredictions) {
+  ClusterState state = warm_cluster(1, 20 * GiB);
+  std::vector<Outbound> out;
+  state.on_frontend_request(deploy("m", GiB, 0), 0, out);
+  state.tick(0);
+  state.on_frontend_request(load("m", 40, 1), 1, out);
+  state.tick(10.5);
+  const v1::ClusterState snapshot = state.snapshot(11);
+  ASSERT_EQ(snapshot.loads_size(), 1);
+  EXPECT_EQ(snapshot.loads(0).windows(), 1u);
+  EXPECT_DOUBLE_EQ(snapshot.loads(0).last_average(), 40);
+  EXPECT_DOUBLE_EQ(snapshot.loads(0).predicted_average(), 40);  // < a day: the last window
+  EXPECT_EQ(snapshot.loads(0).replicas_wanted(), 1u);
+  EXPECT_DOUBLE_EQ(snapshot.window_s(), 10);
+}
+
+TEST(ClusterState, HeartbeatResourcesReplaceTheReportedGpusAndSlots) {
+  ClusterState state = cluster_of(1);
+  v1::NodeMessage beat = heartbeat();
+  beat.mutable_heartbeat()->set_resources_changed(true);
+  v1::GpuInfo* g = beat.mutable_heartbeat()->add_gpus();
+  g->set_index(0);
+  g->set_memory_bytes(24 * GiB);
+  g->set_free_bytes(GiB);
+  state.on_node_message("n0", beat, 1);
+  EXPECT_EQ(state.nodes().at("n0").report.gpus(0).free_bytes(), GiB);
+  // A plain heartbeat changes nothing.
+  state.on_node_message("n0", heartbeat(), 2);
+  EXPECT_EQ(state.nodes().at("n0").report.gpus_size(), 1);
+  EXPECT_EQ(state.nodes().at("n0").report.gpus(0).free_bytes(), GiB);
+}
+
 }  // namespace
 }  // namespace thaw::coordinator
