@@ -157,7 +157,13 @@ int main(int argc, char** argv) {
   log_line(LOG_NOTICE, fmt::format("serving nodes on {} (public key {}), frontends on {}",
                                    (*server)->node_endpoint(), key->public_z85,
                                    (*server)->frontend_endpoint()));
-  (*server)->run(stop_fd);
+  try {
+    (*server)->run(stop_fd);
+  } catch (const std::exception& e) {
+    log_line(LOG_ERR, fmt::format("stopping on an unexpected error: {}", e.what()));
+    ::close(stop_fd);
+    return 1;
+  }
   log_line(LOG_NOTICE, "stopping");
   ::close(stop_fd);
   return 0;

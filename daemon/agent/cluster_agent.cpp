@@ -145,97 +145,107 @@ void ClusterAgent::run() {
     auto next_progress = Clock::now() + millis(kProgressPeriod);
     bool silent = false;
 
-    while (!stopping) {
-      const auto wake = std::min(next_heartbeat, next_progress);
-      zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0},
-                                 {nullptr, stop_.get(), ZMQ_POLLIN, 0}};
-      zmq::poll(items, 2,
-                std::max(std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()),
-                         std::chrono::milliseconds(0)));
-      if (items[1].revents & ZMQ_POLLIN) {
-        stopping = true;
-        break;
-      }
-      while (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) {
-        zmq::message_t frame;
-        if (!socket.recv(frame, zmq::recv_flags::dontwait)) break;
-        auto message = cluster::decode_coordinator_message(frame.to_string_view());
-        if (!message) {
-          dropped_.fetch_add(1);
-          log(LogLevel::warning,
-              fmt::format("coordinator {}: {}; dropped", config_.endpoint, message.error()));
-          continue;
+    try {
+      while (!stopping) {
+        const auto wake = std::min(next_heartbeat, next_progress);
+        zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0},
+                                   {nullptr, stop_.get(), ZMQ_POLLIN, 0}};
+        zmq::poll(
+            items, 2,
+            std::max(std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()),
+                     std::chrono::milliseconds(0)));
+        if (items[1].revents & ZMQ_POLLIN) {
+          stopping = true;
+          break;
         }
-        heard = Clock::now();
-        backoff = 1;
-        switch (message->body_case()) {
-          case v1::CoordinatorMessage::kWelcome:
-            interval = message->welcome().heartbeat_interval_ms() / 1000.0;
-            liveness = static_cast<int>(message->welcome().liveness());
-            next_heartbeat = std::min(next_heartbeat, Clock::now() + millis(interval));
-            if (!connected_.exchange(true) || silent) {
-              log(LogLevel::notice,
-                  fmt::format("registered with the coordinator at {}", config_.endpoint));
+        while (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) {
+          zmq::message_t frame;
+          if (!socket.recv(frame, zmq::recv_flags::dontwait)) break;
+          auto message = cluster::decode_coordinator_message(frame.to_string_view());
+          if (!message) {
+            dropped_.fetch_add(1);
+            log(LogLevel::warning,
+                fmt::format("coordinator {}: {}; dropped", config_.endpoint, message.error()));
+            continue;
+          }
+          heard = Clock::now();
+          backoff = 1;
+          switch (message->body_case()) {
+            case v1::CoordinatorMessage::kWelcome:
+              interval = message->welcome().heartbeat_interval_ms() / 1000.0;
+              liveness = static_cast<int>(message->welcome().liveness());
+              next_heartbeat = std::min(next_heartbeat, Clock::now() + millis(interval));
+              if (!connected_.exchange(true) || silent) {
+                log(LogLevel::notice,
+                    fmt::format("registered with the coordinator at {}", config_.endpoint));
+              }
+              silent = false;
+              welcomed = true;
+              break;
+            case v1::CoordinatorMessage::kReRegister:
+              log(LogLevel::notice, fmt::format("coordinator asks to register again: {}",
+                                                message->re_register().reason()));
+              send_registration(socket);
+              break;
+            case v1::CoordinatorMessage::kTask: {
+              v1::NodeMessage progress;
+              *progress.mutable_progress() = tasks_.start(message->task());
+              send(socket, std::move(progress));
+              break;
             }
-            silent = false;
-            welcomed = true;
-            break;
-          case v1::CoordinatorMessage::kReRegister:
-            log(LogLevel::notice, fmt::format("coordinator asks to register again: {}",
-                                              message->re_register().reason()));
-            send_registration(socket);
-            break;
-          case v1::CoordinatorMessage::kTask: {
+            default:
+              break;  // a heartbeat: being heard is all it says
+          }
+        }
+        const auto now = Clock::now();
+        if (now >= next_progress) {
+          for (v1::TaskStatus& status : tasks_.poll()) {
             v1::NodeMessage progress;
-            *progress.mutable_progress() = tasks_.start(message->task());
+            *progress.mutable_progress() = std::move(status);
             send(socket, std::move(progress));
-            break;
           }
-          default:
-            break;  // a heartbeat: being heard is all it says
+          next_progress = now + millis(kProgressPeriod);
         }
-      }
-      const auto now = Clock::now();
-      if (now >= next_progress) {
-        for (v1::TaskStatus& status : tasks_.poll()) {
-          v1::NodeMessage progress;
-          *progress.mutable_progress() = std::move(status);
-          send(socket, std::move(progress));
-        }
-        next_progress = now + millis(kProgressPeriod);
-      }
-      if (now >= next_heartbeat) {
-        if (now - heard > millis(interval * liveness)) {
-          connected_ = false;
-          silent = true;
-          break;  // reconnect
-        }
-        if (welcomed) {
-          v1::NodeMessage beat;
-          v1::Heartbeat* h = beat.mutable_heartbeat();
-          h->set_sequence(++sequence);
-          // GPU pools and slots ride along when they changed since the last report.
-          v1::Register now_have = resources();
-          std::string text = now_have.SerializeAsString();
-          if (text != last_resources) {
-            h->set_resources_changed(true);
-            *h->mutable_gpus() = now_have.gpus();
-            *h->mutable_slots() = now_have.slots();
-            last_resources = std::move(text);
+        if (now >= next_heartbeat) {
+          if (now - heard > millis(interval * liveness)) {
+            connected_ = false;
+            silent = true;
+            break;  // reconnect
           }
-          send(socket, std::move(beat));
-        } else {
-          // Not welcomed yet: a registration sent before the handshake succeeded (say the
-          // coordinator had not read our key yet) may be lost, so the heartbeat is one.
-          send_registration(socket);
+          if (welcomed) {
+            v1::NodeMessage beat;
+            v1::Heartbeat* h = beat.mutable_heartbeat();
+            h->set_sequence(++sequence);
+            // GPU pools and slots ride along when they changed since the last report.
+            v1::Register now_have = resources();
+            std::string text = now_have.SerializeAsString();
+            if (text != last_resources) {
+              h->set_resources_changed(true);
+              *h->mutable_gpus() = now_have.gpus();
+              *h->mutable_slots() = now_have.slots();
+              last_resources = std::move(text);
+            }
+            send(socket, std::move(beat));
+          } else {
+            // Not welcomed yet: a registration sent before the handshake succeeded (say the
+            // coordinator had not read our key yet) may be lost, so the heartbeat is one.
+            send_registration(socket);
+          }
+          next_heartbeat = now + millis(interval);
         }
-        next_heartbeat = now + millis(interval);
       }
+    } catch (const zmq::error_t& e) {
+      // Not expected (signals are blocked in thawd's threads); start over on a new socket.
+      log(LogLevel::error, fmt::format("coordinator link: {}", e.what()));
     }
     if (stopping) break;
     log(LogLevel::warning,
-        fmt::format("coordinator {} silent for {} heartbeats; reconnecting in {:.0f} s",
-                    config_.endpoint, liveness, backoff));
+        welcomed ? fmt::format("coordinator {} silent for {} heartbeats; reconnecting in {:.0f} s",
+                               config_.endpoint, liveness, backoff)
+                 : fmt::format("no answer from the coordinator at {}: is it running, and is this "
+                               "node's public key in its allow directory as {}.pub? (its log "
+                               "says \"refused\" if not); trying again in {:.0f} s",
+                               config_.endpoint, config_.node_id, backoff));
     reconnects_.fetch_add(1);
     socket.close();
     if (!pause(backoff)) break;

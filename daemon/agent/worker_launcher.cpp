@@ -174,38 +174,13 @@ void WorkerLauncher::reap_locked() {
 }
 
 std::expected<void, std::string> WorkerLauncher::stop(const std::string& unit) {
-  pid_t pid = -1;
-  {
-    std::lock_guard lock(mutex_);
-    reap_locked();
-    auto it = children_.find(unit);
-    if (it == children_.end()) return std::unexpected(fmt::format("no worker {}", unit));
-    if (it->second.status.state != WorkerState::running) return {};
-    if (use_systemd_) {
-      auto [rc, output] = run_and_wait({"systemctl", "stop", unit + ".service"});
-      if (rc != 0) return std::unexpected(fmt::format("systemctl stop {}: {}", unit, output));
-      it->second.status = {WorkerState::exited, "stopped"};
-      return {};
-    }
-    pid = it->second.pid;
-    it->second.stopping = true;
+  if (auto ok = request_stop(unit); !ok) return ok;
+  // request_stop's SIGKILL comes 10 s after the SIGTERM, from status(); a little longer here.
+  for (int i = 0; i < 120; ++i) {
+    if (status(unit).state != WorkerState::running) return {};
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ::kill(-pid, SIGTERM);
-  for (int i = 0; i < 1000; ++i) {  // 10 s
-    {
-      std::lock_guard lock(mutex_);
-      reap_locked();
-      if (children_[unit].status.state != WorkerState::running) return {};
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ::kill(-pid, SIGKILL);
-  std::lock_guard lock(mutex_);
-  for (int i = 0; i < 100 && children_[unit].status.state == WorkerState::running; ++i) {
-    reap_locked();
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return {};
+  return std::unexpected(fmt::format("worker {} did not exit within 12 s", unit));
 }
 
 std::expected<void, std::string> WorkerLauncher::request_stop(const std::string& unit) {

@@ -427,6 +427,14 @@ TEST_F(ClusterControlPlane, AnAgentWithAKeyNotOnTheAllowListIsRefused) {
   const json s = state();
   for (const json& n : s["nodes"]) EXPECT_NE(n.value("node_id", ""), "intruder");
   EXPECT_NE(coordinator_log().find("is not on the allow-list"), std::string::npos);
+  // The refused node's own log says what to check.
+  EXPECT_TRUE(eventually(
+      [&] {
+        return node("intruder").log().find("its allow directory as intruder.pub") !=
+               std::string::npos;
+      },
+      10s))
+      << node("intruder").log();
 }
 
 }  // namespace
