@@ -61,7 +61,8 @@ std::expected<void, std::string> check_z85_key(const std::string& text) {
         fmt::format("a key is 40 Z85 characters; this is {} characters", text.size()));
   }
   std::uint8_t decoded[32];
-  if (zmq_z85_decode(decoded, text.c_str()) == nullptr) {
+  // zmq_z85_decode reads up to a NUL: one inside would pass a shorter, different key.
+  if (text.find('\0') != std::string::npos || zmq_z85_decode(decoded, text.c_str()) == nullptr) {
     return std::unexpected("not a Z85-encoded key");
   }
   return {};
@@ -81,12 +82,18 @@ std::expected<CurveKeyPair, std::string> write_key_pair(const std::filesystem::p
   if (!pair) return pair;
   const auto secret = std::filesystem::path(prefix.string() + ".key");
   const auto pub = std::filesystem::path(prefix.string() + ".pub");
-  if (std::filesystem::exists(pub)) {
-    return std::unexpected(
-        fmt::format("{} exists; remove it first to make a new key", pub.string()));
+  for (const auto& path : {secret, pub}) {
+    if (std::filesystem::exists(path)) {
+      return std::unexpected(
+          fmt::format("{} exists; remove it first to make a new key", path.string()));
+    }
   }
   if (auto ok = write_new(secret, pair->secret_z85, 0600); !ok) return std::unexpected(ok.error());
-  if (auto ok = write_new(pub, pair->public_z85, 0644); !ok) return std::unexpected(ok.error());
+  if (auto ok = write_new(pub, pair->public_z85, 0644); !ok) {
+    std::error_code ec;
+    std::filesystem::remove(secret, ec);  // no half pair left behind to block the next try
+    return std::unexpected(ok.error());
+  }
   return pair;
 }
 

@@ -46,10 +46,12 @@ std::expected<std::unique_ptr<CoordinatorServer>, std::string> CoordinatorServer
     s->nodes_.set(zmq::sockopt::curve_secretkey, s->options_.key.secret_z85);
     s->nodes_.set(zmq::sockopt::router_handover, true);
     s->nodes_.set(zmq::sockopt::router_mandatory, true);
-    // ZMTP heartbeats only to notice dead TCP connections (a kernel would take minutes).
-    const int ivl = static_cast<int>(s->options_.cluster.heartbeat_interval_s * 1000);
-    s->nodes_.set(zmq::sockopt::heartbeat_ivl, ivl);
-    s->nodes_.set(zmq::sockopt::heartbeat_timeout, ivl * s->options_.cluster.liveness);
+    // ZMTP heartbeats only to notice dead TCP connections (a kernel would take minutes);
+    // liveness is the application's. Rarely: libzmq 4.3's timer cancel walks every timer of
+    // its I/O thread, so at the application's rate 1,000 peers cost the coordinator a third
+    // more CPU (bench/coordinator/heartbeat_bench.cpp).
+    s->nodes_.set(zmq::sockopt::heartbeat_ivl, kZmtpHeartbeatMs);
+    s->nodes_.set(zmq::sockopt::heartbeat_timeout, 3 * kZmtpHeartbeatMs);
     try {
       s->nodes_.bind(s->options_.node_endpoint);
     } catch (const zmq::error_t& e) {

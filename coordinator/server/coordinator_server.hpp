@@ -32,6 +32,10 @@
 
 namespace thaw::coordinator {
 
+// ZMTP (transport-level) heartbeats on the node endpoint, both sides: they only drop dead TCP
+// connections, so they are far apart; node liveness is ClusterState's heartbeats.
+inline constexpr int kZmtpHeartbeatMs = 30'000;
+
 struct ServerOptions {
   std::string node_endpoint = "tcp://*:5570";
   std::string frontend_endpoint = "ipc:///run/thaw/coordinator.sock";

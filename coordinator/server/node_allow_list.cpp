@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <set>
+
 #include "common/proto/cluster/cluster_codec.hpp"
 #include "common/zmq/curve_keys.hpp"
 
@@ -26,6 +28,7 @@ NodeAllowList::NodeAllowList(NodeAllowList&& other) noexcept : dir_(std::move(ot
 std::vector<std::string> NodeAllowList::scan() {
   std::vector<std::string> skipped;
   std::map<std::string, std::string> found;
+  std::set<std::string> shared;  // keys in more than one file: nobody may use them
   std::error_code ec;
   const auto mtime = std::filesystem::last_write_time(dir_, ec);
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
@@ -45,11 +48,11 @@ std::vector<std::string> NodeAllowList::scan() {
           fmt::format("{}: the same key as node {}; neither may use it until one "
                       "is removed",
                       entry.path().string(), it->second));
-      it->second.clear();
+      shared.insert(*key);
     }
   }
   if (ec) skipped.push_back(fmt::format("{}: {}", dir_.string(), ec.message()));
-  std::erase_if(found, [](const auto& kv) { return kv.second.empty(); });
+  std::erase_if(found, [&](const auto& kv) { return shared.contains(kv.first); });
   std::lock_guard lock(mutex_);
   node_by_key_ = std::move(found);
   last_scan_ = std::chrono::steady_clock::now();

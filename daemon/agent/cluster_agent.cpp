@@ -19,6 +19,9 @@ std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(static_cast<long>(std::ceil(seconds * 1000)));
 }
 
+// ZMTP heartbeats: as the coordinator's (coordinator/server/coordinator_server.hpp).
+constexpr int kZmtpHeartbeatMs = 30'000;
+
 // Progress is looked at this often between heartbeats (a fetch's bytes move fast).
 constexpr double kProgressPeriod = 0.25;
 
@@ -130,8 +133,10 @@ void ClusterAgent::run() {
     socket.set(zmq::sockopt::curve_serverkey, config_.coordinator_public_z85);
     socket.set(zmq::sockopt::curve_publickey, config_.node_key.public_z85);
     socket.set(zmq::sockopt::curve_secretkey, config_.node_key.secret_z85);
-    socket.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(interval * 1000));
-    socket.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(interval * 1000 * liveness));
+    // Transport heartbeats only drop a dead TCP connection; liveness is the application's
+    // (see kZmtpHeartbeatMs on the coordinator's side: they cost it CPU per peer).
+    socket.set(zmq::sockopt::heartbeat_ivl, kZmtpHeartbeatMs);
+    socket.set(zmq::sockopt::heartbeat_timeout, 3 * kZmtpHeartbeatMs);
     try {
       socket.connect(config_.endpoint);
     } catch (const zmq::error_t& e) {

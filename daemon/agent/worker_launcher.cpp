@@ -115,7 +115,9 @@ std::expected<void, std::string> WorkerLauncher::launch(const WorkerSpec& spec) 
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
   for (const std::string& add : spec.env) {
-    const std::string name = add.substr(0, add.find('=') + 1);
+    const auto equals = add.find('=');
+    if (equals == std::string::npos || equals == 0) continue;  // not NAME=VALUE
+    const std::string name = add.substr(0, equals + 1);
     std::erase_if(env_strings, [&](const std::string& e) { return e.starts_with(name); });
     env_strings.push_back(add);
   }

@@ -124,5 +124,91 @@ TEST(ThawdConfig, RestartNeededListsWhatAReloadCannotChange) {
             (std::vector<std::string>{"store.cache_budget", "gpu.pool_share", "shim.socket"}));
 }
 
+TEST(ThawdConfig, CoordinatorKeysAreRead) {
+  auto c = parse_config(R"(
+[coordinator]
+endpoint = "tcp://coord.internal:5570"
+server_key = "/etc/thaw/cluster/coordinator.pub"
+key = "/etc/thaw/cluster/node.key"
+network = "2GB"
+pcie = "25GiB"
+worker_command = ["/usr/bin/vllm", "serve", "{model}", "--port", "8000"]
+worker_preload = "/opt/thaw/libthaw-preload.so"
+)",
+                        "coordinator.toml");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->coordinator_endpoint, "tcp://coord.internal:5570");
+  EXPECT_EQ(c->coordinator_key, "/etc/thaw/cluster/coordinator.pub");
+  EXPECT_EQ(c->node_key, "/etc/thaw/cluster/node.key");
+  EXPECT_EQ(c->network_bytes_per_s, 2'000'000'000u);
+  EXPECT_EQ(c->pcie_bytes_per_s, 25ull << 30);
+  EXPECT_EQ(c->worker_command,
+            (std::vector<std::string>{"/usr/bin/vllm", "serve", "{model}", "--port", "8000"}));
+  EXPECT_EQ(c->worker_preload, "/opt/thaw/libthaw-preload.so");
+
+  auto ipc = parse_config("[coordinator]\nendpoint = \"ipc:///run/thaw/c.sock\"\nnetwork = \"\"\n",
+                          "ipc.toml");
+  ASSERT_TRUE(ipc) << ipc.error().message;
+  EXPECT_EQ(ipc->coordinator_endpoint, "ipc:///run/thaw/c.sock");
+  EXPECT_EQ(ipc->network_bytes_per_s, 0u);  // "" = unknown
+  EXPECT_TRUE(ipc->worker_command.empty());
+}
+
+TEST(ThawdConfig, CoordinatorErrorsNameTheKey) {
+  struct Case {
+    const char* text;
+    const char* needles[3];
+  };
+  const Case cases[] = {
+      {"[coordinator]\nworker_command = [\"vllm\", \"serve\"]\n",
+       {":2:", "coordinator.worker_command", "'vllm' is not an absolute path"}},
+      {"[coordinator]\nworker_command = []\n",
+       {":2:", "coordinator.worker_command", "non-empty array"}},
+      {"[coordinator]\nworker_command = \"/usr/bin/vllm serve\"\n",
+       {":2:", "coordinator.worker_command", "non-empty array"}},
+      {"[coordinator]\nworker_command = [\"/usr/bin/vllm\", 8000]\n",
+       {":2:", "coordinator.worker_command", "string"}},
+      {"[coordinator]\nendpoint = \"http://coord:5570\"\n",
+       {":2:", "coordinator.endpoint", "not a ZeroMQ address"}},
+      {"[coordinator]\nendpoint = \"coord:5570\"\n", {":2:", "coordinator.endpoint", "tcp://"}},
+      {"[coordinator]\nendpont = \"tcp://c:5570\"\n",
+       {":2:", "coordinator.endpont", "unknown key"}},
+      {"[coordinator]\nserver_key = \"coordinator.pub\"\n",
+       {":2:", "coordinator.server_key", "absolute"}},
+      {"[coordinator]\nkey = \"node.key\"\n", {":2:", "coordinator.key", "absolute"}},
+      {"[coordinator]\nnetwork = \"fast\"\n", {":2:", "coordinator.network", "per second"}},
+      {"[coordinator]\npcie = -1\n", {":2:", "coordinator.pcie", "per second"}},
+      {"[coordinator]\nworker_preload = \"libthaw-preload.so\"\n",
+       {":2:", "coordinator.worker_preload", "absolute"}},
+  };
+  for (const Case& c : cases) {
+    auto parsed = parse_config(c.text, "bad.toml");
+    ASSERT_FALSE(parsed) << c.text;
+    for (const char* needle : c.needles) {
+      EXPECT_NE(parsed.error().message.find(needle), std::string::npos)
+          << "'" << needle << "' missing from: " << parsed.error().message;
+    }
+  }
+}
+
+TEST(ThawdConfig, RestartNeededListsCoordinatorChanges) {
+  ThawdConfig a, b;
+  b.coordinator_endpoint = "tcp://c:5570";
+  b.coordinator_key = "/etc/thaw/other.pub";
+  b.node_key = "/etc/thaw/other.key";
+  b.network_bytes_per_s = 1;
+  b.pcie_bytes_per_s = 2;
+  b.worker_command = {"/usr/bin/engine"};
+  b.worker_preload = "/opt/p.so";
+  EXPECT_EQ(restart_needed(a, b),
+            (std::vector<std::string>{"coordinator.endpoint", "coordinator.server_key",
+                                      "coordinator.key", "coordinator.network", "coordinator.pcie",
+                                      "coordinator.worker_command", "coordinator.worker_preload"}));
+  ThawdConfig only_command;
+  only_command.worker_command = {"/usr/bin/engine", "{model}"};
+  EXPECT_EQ(restart_needed(a, only_command),
+            std::vector<std::string>{"coordinator.worker_command"});
+}
+
 }  // namespace
 }  // namespace thaw::daemon

@@ -1,0 +1,186 @@
+// TaskRunner over a real NodeService (a host cache in a temporary directory, no registry, no
+// GPU) and supervised workers: what each kind of task does, what it reports, and that a task
+// the coordinator sends again is not carried out again.
+#include "daemon/agent/task_runner.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "temp_dir.hpp"
+
+namespace thaw::daemon {
+namespace {
+
+using namespace std::chrono_literals;
+using thaw::testing::TempDir;
+
+std::string read_all(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+v1::Task make_task(const std::string& id, v1::TaskKind kind, std::uint32_t stage = 0,
+                   std::uint32_t stages = 1, std::uint32_t gpu = 0) {
+  v1::Task t;
+  t.set_id(id);
+  t.set_plan_id("p-1");
+  t.set_kind(kind);
+  t.mutable_model()->set_name("org/model");
+  t.mutable_model()->set_size_bytes(1 << 20);
+  t.set_stage(stage);
+  t.set_stages(stages);
+  t.set_gpu(gpu);
+  return t;
+}
+
+class TaskRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cache = store::HostCache::open({dir_.path() / "cache", 1ull << 30, {}, {}});
+    ASSERT_TRUE(cache) << cache.error().message;
+    cache_.emplace(std::move(*cache));
+    service_ = std::make_unique<NodeService>(*cache_, std::vector<vmm::GpuMemory*>{},
+                                             NodeServiceConfig{"", 4, 0});
+    workers_ = std::make_unique<WorkerLauncher>(dir_.path() / "workers", false);
+  }
+  void TearDown() override {
+    runner_.reset();
+    workers_.reset();
+    service_.reset();
+  }
+
+  TaskRunner& runner(std::vector<std::string> command = {}) {
+    runner_ = std::make_unique<TaskRunner>(
+        *service_, *workers_,
+        WorkerSettings{std::move(command), "/nonexistent/libthaw-preload.so", "/run/test.sock"});
+    return *runner_;
+  }
+
+  // Polls as the agent does until the task leaves the running state; its last status.
+  v1::TaskStatus until_finished(const std::string& id) {
+    const auto end = std::chrono::steady_clock::now() + 5s;
+    while (std::chrono::steady_clock::now() < end) {
+      runner_->poll();
+      for (const v1::TaskStatus& s : runner_->held()) {
+        if (s.task().id() == id && s.state() != v1::TASK_RUNNING) return s;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    ADD_FAILURE() << "task " << id << " still running";
+    return {};
+  }
+
+  TempDir dir_;
+  std::optional<store::HostCache> cache_;
+  std::unique_ptr<NodeService> service_;
+  std::unique_ptr<WorkerLauncher> workers_;
+  std::unique_ptr<TaskRunner> runner_;
+};
+
+TEST_F(TaskRunnerTest, AFetchWithoutARegistryFailsSayingWhatToSet) {
+  const v1::TaskStatus s = runner().start(make_task("p-1/0/fetch", v1::TASK_FETCH, 0, 2));
+  EXPECT_EQ(s.state(), v1::TASK_FAILED);
+  EXPECT_NE(s.error().find("no registry is configured"), std::string::npos) << s.error();
+  EXPECT_NE(s.error().find("store.registry"), std::string::npos) << s.error();
+  EXPECT_EQ(s.task().id(), "p-1/0/fetch");
+}
+
+TEST_F(TaskRunnerTest, ALaunchWithoutAWorkerCommandFailsSayingToSetIt) {
+  const v1::TaskStatus s = runner().start(make_task("p-1/0/launch-worker", v1::TASK_LAUNCH_WORKER));
+  EXPECT_EQ(s.state(), v1::TASK_FAILED);
+  EXPECT_NE(s.error().find("set coordinator.worker_command"), std::string::npos) << s.error();
+}
+
+TEST_F(TaskRunnerTest, ALaunchRunsTheCommandWithPlaceholdersAndTheShimsEnvironment) {
+  const auto out = dir_.path() / "worker.txt";
+  TaskRunner& r =
+      runner({"/bin/sh", "-c",
+              fmt::format("echo \"$0 $1 $LD_PRELOAD $THAW_SOCKET $CUDA_VISIBLE_DEVICES $THAW_PLAN "
+                          "$THAW_STAGE $THAW_STAGES\" > '{}'",
+                          out.string()),
+              "{key}", "{model}:{stage}/{stages}@{gpu}:{plan}"});
+  const v1::TaskStatus first =
+      r.start(make_task("p-1/1/launch-worker", v1::TASK_LAUNCH_WORKER, 1, 2, 3));
+  EXPECT_NE(first.state(), v1::TASK_FAILED) << first.error();
+  const v1::TaskStatus done = until_finished("p-1/1/launch-worker");
+  EXPECT_EQ(done.state(), v1::TASK_DONE) << done.error();
+  EXPECT_EQ(read_all(out),
+            "org--model org/model:1/2@3:p-1 /nonexistent/libthaw-preload.so /run/test.sock 3 p-1 1 "
+            "2\n");
+  EXPECT_EQ(workers_->status("thaw-worker-p-1-1").state, WorkerState::exited);
+}
+
+TEST_F(TaskRunnerTest, AWorkerThatFailsFailsItsTaskWithTheExitStatus) {
+  TaskRunner& r = runner({"/bin/sh", "-c", "exit 3"});
+  r.start(make_task("p-1/0/launch-worker", v1::TASK_LAUNCH_WORKER));
+  const v1::TaskStatus s = until_finished("p-1/0/launch-worker");
+  EXPECT_EQ(s.state(), v1::TASK_FAILED);
+  EXPECT_EQ(s.error(), "worker thaw-worker-p-1-0: exit 3");
+
+  const v1::TaskStatus missing =
+      runner({"/nonexistent/engine"})
+          .start(make_task("p-1/0/launch-worker", v1::TASK_LAUNCH_WORKER));
+  EXPECT_EQ(missing.state(), v1::TASK_FAILED);
+  EXPECT_NE(missing.error().find("cannot start /nonexistent/engine"), std::string::npos)
+      << missing.error();
+}
+
+TEST_F(TaskRunnerTest, TheSameTaskIdIsNotStartedTwice) {
+  const auto out = dir_.path() / "runs.txt";
+  TaskRunner& r = runner({"/bin/sh", "-c", fmt::format("echo run >> '{}'", out.string())});
+  const v1::Task task = make_task("p-1/0/launch-worker", v1::TASK_LAUNCH_WORKER);
+  r.start(task);
+  ASSERT_EQ(until_finished(task.id()).state(), v1::TASK_DONE);
+  ASSERT_TRUE(r.poll().empty());  // reported already
+
+  // The coordinator resends it (a restart, a lost reply): its status again, no second run —
+  // although the launcher would start the ended unit again if asked.
+  const v1::TaskStatus again = r.start(task);
+  EXPECT_EQ(again.state(), v1::TASK_DONE);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(read_all(out), "run\n");
+  EXPECT_EQ(r.held().size(), 1u);
+  // ...and it is reported again, once.
+  const std::vector<v1::TaskStatus> reported = r.poll();
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_EQ(reported[0].task().id(), task.id());
+  EXPECT_TRUE(r.poll().empty());
+
+  // A failed task is not retried by a resend either.
+  const v1::Task fetch = make_task("p-1/0/fetch", v1::TASK_FETCH);
+  EXPECT_EQ(r.start(fetch).state(), v1::TASK_FAILED);
+  EXPECT_EQ(r.start(fetch).state(), v1::TASK_FAILED);
+  EXPECT_EQ(
+      service_->counters().fetches_failed.load() + service_->counters().fetches_started.load(), 0u);
+  EXPECT_EQ(r.held().size(), 2u);
+}
+
+TEST_F(TaskRunnerTest, EvictOfAModelWithNoSlotsIsDoneAndStoppingNoWorkerFails) {
+  TaskRunner& r = runner();
+  EXPECT_EQ(r.start(make_task("p-1/0/evict", v1::TASK_EVICT)).state(), v1::TASK_DONE);
+  const v1::TaskStatus stop = r.start(make_task("p-1/0/stop-worker", v1::TASK_STOP_WORKER));
+  EXPECT_EQ(stop.state(), v1::TASK_FAILED);
+  EXPECT_NE(stop.error().find("no worker thaw-worker-p-1-0"), std::string::npos) << stop.error();
+}
+
+TEST_F(TaskRunnerTest, StopWorkerEndsTheStagesWorker) {
+  TaskRunner& r = runner({"/bin/sleep", "30"});
+  EXPECT_EQ(r.start(make_task("p-1/0/launch-worker", v1::TASK_LAUNCH_WORKER)).state(),
+            v1::TASK_RUNNING);
+  EXPECT_EQ(workers_->status("thaw-worker-p-1-0").state, WorkerState::running);
+  EXPECT_NE(r.start(make_task("p-1/0/stop-worker", v1::TASK_STOP_WORKER)).state(), v1::TASK_FAILED);
+  EXPECT_EQ(until_finished("p-1/0/stop-worker").state(), v1::TASK_DONE);
+  EXPECT_NE(workers_->status("thaw-worker-p-1-0").state, WorkerState::running);
+  // The launch task learns that its worker ended.
+  EXPECT_NE(until_finished("p-1/0/launch-worker").state(), v1::TASK_RUNNING);
+}
+
+}  // namespace
+}  // namespace thaw::daemon

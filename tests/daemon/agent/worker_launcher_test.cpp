@@ -1,0 +1,186 @@
+// WorkerLauncher in supervised-child mode (no systemd): the environment a worker gets, its
+// states, stop() ending its whole process group; and the helpers that name and build it.
+#include "daemon/agent/worker_launcher.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "temp_dir.hpp"
+
+namespace thaw::daemon {
+namespace {
+
+using namespace std::chrono_literals;
+using thaw::testing::TempDir;
+
+std::string read_all(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+template <typename Check>
+bool until(Check check, std::chrono::milliseconds timeout = 5s) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (check()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return check();
+}
+
+// Gone, or a zombie waiting for whoever inherited it (the process is no longer running).
+bool ended(pid_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const auto paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+
+pid_t pid_from_detail(const std::string& detail) {
+  return detail.starts_with("pid ") ? static_cast<pid_t>(std::stol(detail.substr(4))) : -1;
+}
+
+WorkerSpec shell(const std::string& unit, const std::string& script, std::uint32_t gpu = 0) {
+  return {unit, {"/bin/sh", "-c", script}, {}, gpu};
+}
+
+TEST(WorkerLauncher, AWorkerGetsItsEnvironmentAndStopEndsItsProcessGroup) {
+  TempDir dir;
+  const auto out = dir.path() / "env.txt";
+  const auto pidfile = dir.path() / "grandchild.pid";
+  ::setenv("THAW_STAGE", "stale", 1);  // thawd's own value must be replaced, not kept
+  WorkerLauncher launcher(dir.path() / "workers", /*use_systemd=*/false);
+  WorkerSpec spec = shell(
+      "thaw-worker-p-1-2",
+      fmt::format("echo to-the-log; echo \"$LD_PRELOAD $THAW_STAGE\" > '{}'; sleep 30 & echo $! > "
+                  "'{}'; sleep 30",
+                  out.string(), pidfile.string()),
+      3);
+  spec.env = {"LD_PRELOAD=/nonexistent/libthaw-preload.so", "THAW_STAGE=2"};
+  ASSERT_TRUE(launcher.launch(spec));
+  ::unsetenv("THAW_STAGE");
+
+  const WorkerStatus running = launcher.status(spec.unit);
+  EXPECT_EQ(running.state, WorkerState::running);
+  const pid_t pid = pid_from_detail(running.detail);
+  ASSERT_GT(pid, 0) << running.detail;
+  EXPECT_EQ(::getpgid(pid), pid);  // its own process group
+  EXPECT_EQ(launcher.busy_gpus(), std::vector<std::uint32_t>{3});
+
+  ASSERT_TRUE(until([&] { return read_all(pidfile).ends_with("\n"); }));
+  EXPECT_EQ(read_all(out), "/nonexistent/libthaw-preload.so 2\n");
+  const pid_t grandchild = static_cast<pid_t>(std::stol(read_all(pidfile)));
+  EXPECT_EQ(::getpgid(grandchild), pid);
+  EXPECT_NE(read_all(dir.path() / "workers" / "thaw-worker-p-1-2.log").find("to-the-log"),
+            std::string::npos);
+
+  // Launching the running unit again is not a second engine.
+  ASSERT_TRUE(launcher.launch(spec));
+  EXPECT_EQ(launcher.status(spec.unit).detail, running.detail);
+
+  const auto before = std::chrono::steady_clock::now();
+  ASSERT_TRUE(launcher.stop(spec.unit));
+  EXPECT_LT(std::chrono::steady_clock::now() - before, 5s);  // SIGTERM was enough
+  const WorkerStatus stopped = launcher.status(spec.unit);
+  EXPECT_TRUE((stopped.state == WorkerState::failed && stopped.detail == "signal 15") ||
+              stopped.state == WorkerState::exited)
+      << stopped.detail;
+  EXPECT_TRUE(ended(pid));
+  // The backgrounded sleep got the group's SIGTERM too.
+  EXPECT_TRUE(until([&] { return ended(grandchild); }, 2s));
+  EXPECT_TRUE(launcher.busy_gpus().empty());
+  EXPECT_TRUE(launcher.stop(spec.unit));  // stopping a stopped worker is fine
+}
+
+TEST(WorkerLauncher, ExitStatusDecidesExitedOrFailed) {
+  TempDir dir;
+  WorkerLauncher launcher(dir.path() / "workers", false);
+  ASSERT_TRUE(launcher.launch(shell("ok", "exit 0")));
+  ASSERT_TRUE(launcher.launch(shell("bad", "exit 3")));
+  ASSERT_TRUE(until([&] {
+    return launcher.status("ok").state != WorkerState::running &&
+           launcher.status("bad").state != WorkerState::running;
+  }));
+  EXPECT_EQ(launcher.status("ok").state, WorkerState::exited);
+  EXPECT_EQ(launcher.status("ok").detail, "exit 0");
+  EXPECT_EQ(launcher.status("bad").state, WorkerState::failed);
+  EXPECT_EQ(launcher.status("bad").detail, "exit 3");
+  EXPECT_EQ(launcher.status("never").state, WorkerState::unknown);
+
+  // A unit that ended may be launched again.
+  ASSERT_TRUE(launcher.launch(shell("ok", "sleep 30")));
+  EXPECT_EQ(launcher.status("ok").state, WorkerState::running);
+}
+
+TEST(WorkerLauncher, LaunchAndStopRefuseWhatCannotBeDone) {
+  TempDir dir;
+  WorkerLauncher launcher(dir.path() / "workers", false);
+  auto empty = launcher.launch({"thaw-worker-x-0", {}, {}, 0});
+  ASSERT_FALSE(empty);
+  EXPECT_NE(empty.error().find("no worker command"), std::string::npos) << empty.error();
+
+  auto missing = launcher.launch({"thaw-worker-x-0", {"/nonexistent/engine", "serve"}, {}, 0});
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.error().find("cannot start /nonexistent/engine"), std::string::npos)
+      << missing.error();
+
+  auto unknown = launcher.stop("thaw-worker-nope-0");
+  ASSERT_FALSE(unknown);
+  EXPECT_NE(unknown.error().find("no worker thaw-worker-nope-0"), std::string::npos)
+      << unknown.error();
+}
+
+TEST(WorkerLauncher, DestroyingTheLauncherStopsItsWorkers) {
+  TempDir dir;
+  pid_t pid = -1;
+  {
+    WorkerLauncher launcher(dir.path() / "workers", false);
+    ASSERT_TRUE(launcher.launch({"w", {"/bin/sleep", "30"}, {}, 0}));
+    pid = pid_from_detail(launcher.status("w").detail);
+    ASSERT_GT(pid, 0);
+  }
+  // Stopped and reaped: the pid no longer exists at all.
+  errno = 0;
+  EXPECT_EQ(::kill(pid, 0), -1);
+  EXPECT_EQ(errno, ESRCH);
+}
+
+TEST(WorkerCommand, PlaceholdersAreReplacedInEveryArgument) {
+  const std::map<std::string, std::string> values = {{"model", "org/model"}, {"key", "org--model"},
+                                                     {"stage", "1"},         {"stages", "4"},
+                                                     {"gpu", "7"},           {"plan", "p1-3"}};
+  EXPECT_EQ(expand_worker_command({"/usr/bin/vllm", "serve", "{model}", "--gpu={gpu}",
+                                   "/cache/{key}/{stage}-of-{stages}", "{plan}{plan}", "{unknown}",
+                                   "{model", "plain"},
+                                  values),
+            (std::vector<std::string>{"/usr/bin/vllm", "serve", "org/model", "--gpu=7",
+                                      "/cache/org--model/1-of-4", "p1-3p1-3", "{unknown}", "{model",
+                                      "plain"}));
+  // A value holding its own placeholder is inserted once, not expanded forever.
+  EXPECT_EQ(expand_worker_command({"{model}:{model}"}, {{"model", "x{model}y"}}),
+            std::vector<std::string>{"x{model}y:x{model}y"});
+  EXPECT_TRUE(expand_worker_command({}, values).empty());
+}
+
+TEST(WorkerCommand, UnitNamesKeepOnlyLettersDigitsDashAndUnderscore) {
+  EXPECT_EQ(WorkerLauncher::unit_name("p19a2b-3", 1), "thaw-worker-p19a2b-3-1");
+  EXPECT_EQ(WorkerLauncher::unit_name("plan/with.dots and space", 0),
+            "thaw-worker-plan_with_dots_and_space-0");
+  EXPECT_EQ(WorkerLauncher::unit_name("a;rm -rf $(x)", 12), "thaw-worker-a_rm_-rf___x_-12");
+  EXPECT_EQ(WorkerLauncher::unit_name("\xc3\xbc", 2), "thaw-worker-__-2");  // UTF-8 bytes too
+}
+
+}  // namespace
+}  // namespace thaw::daemon
