@@ -38,7 +38,7 @@ inline constexpr int kZmtpHeartbeatMs = 30'000;
 
 struct ServerOptions {
   std::string node_endpoint = "tcp://*:5570";
-  std::string frontend_endpoint = "ipc:///run/thaw/coordinator.sock";
+  std::string frontend_endpoint = "ipc:///run/thaw-coordinator/frontend.sock";
   zmqx::CurveKeyPair key;               // the coordinator's
   std::filesystem::path allowed_nodes;  // <node-id>.pub files
   ClusterConfig cluster;

@@ -3,9 +3,9 @@
 # binary. verify exits 0 even for settings it ignores ("Failed to parse ..., ignoring"), so
 # any output at all fails the test; a deliberately broken copy must produce some, so the
 # check itself is known to work.
-# usage: verify_units.sh SOURCE_DIR THAWD_BINARY
+# usage: verify_units.sh SOURCE_DIR THAWD_BINARY [COORDINATOR_BINARY]
 set -euo pipefail
-src=$1 thawd=$2
+src=$1 thawd=$2 coordinator=${3:-}
 command -v systemd-analyze >/dev/null || { echo "systemd-analyze not installed (package systemd)"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -24,3 +24,15 @@ if [[ $out != *"not-a-policy"* ]]; then
   exit 1
 fi
 echo "thawd.service: verified"
+
+if [[ -n $coordinator ]]; then
+  sed "s|/usr/bin/thaw-coordinator|$coordinator|" "$src/packaging/thaw-coordinator.service" \
+    >"$work/thaw-coordinator.service"
+  if ! out=$(systemd-analyze verify --man=no "$work/thaw-coordinator.service" 2>&1) ||
+    [[ -n $out ]]; then
+    echo "thaw-coordinator.service does not verify cleanly:"
+    echo "$out"
+    exit 1
+  fi
+  echo "thaw-coordinator.service: verified"
+fi

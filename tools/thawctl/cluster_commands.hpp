@@ -5,7 +5,7 @@
 //   load MODEL --concurrent N [--instances K] [--rps R]   report a model's load
 //   state                            nodes (alive, last heard, GPUs, tasks), models, plans
 //
-// The coordinator is $THAW_COORDINATOR or ipc:///run/thaw/coordinator.sock unless
+// The coordinator is $THAW_COORDINATOR or ipc:///run/thaw-coordinator/frontend.sock unless
 // --coordinator says otherwise; no reply within --timeout seconds is exit 1.
 #pragma once
 

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   ClusterOptions cluster;
   const char* env_coordinator = std::getenv("THAW_COORDINATOR");
   cluster.endpoint =
-      env_coordinator != nullptr ? env_coordinator : "ipc:///run/thaw/coordinator.sock";
+      env_coordinator != nullptr ? env_coordinator : "ipc:///run/thaw-coordinator/frontend.sock";
   thaw::cluster::v1::ModelSpec spec;
   std::string size_text;
   double rps = 0;
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   cluster_cmd->require_subcommand(1);
   cluster_cmd->add_option("--coordinator", cluster.endpoint,
                           "its frontend endpoint (default: $THAW_COORDINATOR or "
-                          "ipc:///run/thaw/coordinator.sock)");
+                          "ipc:///run/thaw-coordinator/frontend.sock)");
   cluster_cmd->add_option("--timeout", cluster.timeout_s, "seconds to wait for a reply")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
