@@ -80,7 +80,7 @@ std::vector<Outbound> ClusterState::on_node_message(const std::string& node_id,
   }
   it->second.last_heard = now;
   if (message.body_case() == v1::NodeMessage::kProgress) {
-    apply_progress(node_id, message.progress());
+    apply_progress(node_id, message.progress(), out);
   }
   if (message.body_case() == v1::NodeMessage::kHeartbeat &&
       message.heartbeat().resources_changed()) {
@@ -119,6 +119,7 @@ void ClusterState::rebuild_from(const std::string& node_id, const v1::Register& 
     stage->set_node_id(node_id);
     stage->set_gpu(task.gpu());
     stage->set_full_memory(task.full_memory());
+    if (task.consolidate() && status.state() == v1::TASK_DONE) plan.plan.set_consolidated(true);
     stage->set_fetch_state(status.state());
     stage->set_bytes_done(status.bytes_done());
     stage->set_bytes_total(status.bytes_total());
@@ -130,7 +131,8 @@ void ClusterState::rebuild_from(const std::string& node_id, const v1::Register& 
   }
 }
 
-void ClusterState::apply_progress(const std::string& node_id, const v1::TaskStatus& status) {
+void ClusterState::apply_progress(const std::string& node_id, const v1::TaskStatus& status,
+                                  std::vector<Outbound>& out) {
   NodeRecord& node = nodes_.at(node_id);
   bool replaced = false;
   for (v1::TaskStatus& held : *node.report.mutable_tasks()) {
@@ -149,6 +151,30 @@ void ClusterState::apply_progress(const std::string& node_id, const v1::TaskStat
       s.set_bytes_done(status.bytes_done());
       s.set_bytes_total(status.bytes_total());
     }
+  }
+  if (status.task().consolidate() && status.state() == v1::TASK_DONE &&
+      !plan->second.plan.consolidated()) {
+    consolidate(plan->second, out);
+  }
+}
+
+void ClusterState::consolidate(PlanRecord& plan, std::vector<Outbound>& out) {
+  plan.plan.set_consolidated(true);
+  // The engines migrate the KV cache to the consolidated worker; what is the coordinator's is
+  // that the other stages' workers exit once it can serve alone.
+  if (!config_.launch_workers) return;
+  for (const v1::PlannedStage& stage : plan.plan.placement()) {
+    if (stage.stage() == 0) continue;
+    v1::CoordinatorMessage m;
+    v1::Task* t = m.mutable_task();
+    t->set_id(fmt::format("{}/{}/stop-worker", plan.plan.id(), stage.stage()));
+    t->set_plan_id(plan.plan.id());
+    t->set_kind(v1::TASK_STOP_WORKER);
+    *t->mutable_model() = plan.model;
+    t->set_stage(stage.stage());
+    t->set_stages(plan.plan.stages());
+    t->set_gpu(stage.gpu());
+    out.push_back({stage.node_id(), std::move(m)});
   }
 }
 
@@ -327,7 +353,8 @@ void ClusterState::send_stage_tasks(PlanRecord& plan, const v1::PlannedStage& st
     t->set_full_memory(stage.full_memory());
     // The full-memory worker of stage 0 will hold the whole model after scale-down (§6.1):
     // it fetches the rest at background class once its stage is in.
-    t->set_consolidate(stage.full_memory() && stage.stage() == 0 && plan.plan.stages() > 1);
+    t->set_consolidate(kind == v1::TASK_FETCH && stage.full_memory() && stage.stage() == 0 &&
+                       plan.plan.stages() > 1);
     return m;
   };
   out.push_back({stage.node_id(), task_for(v1::TASK_FETCH)});

@@ -101,7 +101,10 @@ class ClusterState {
                         std::vector<Outbound>& out) const;
   void replan_stages_of(const std::string& dead_node, std::vector<Outbound>& out);
   void rebuild_from(const std::string& node_id, const v1::Register& report);
-  void apply_progress(const std::string& node_id, const v1::TaskStatus& status);
+  void apply_progress(const std::string& node_id, const v1::TaskStatus& status,
+                      std::vector<Outbound>& out);
+  // Scale-down once the consolidating stage holds the whole model (HydraServe §6).
+  void consolidate(PlanRecord& plan, std::vector<Outbound>& out);
   std::optional<std::pair<std::string, std::uint32_t>> replacement_for(const PlanRecord& plan,
                                                                        double stage_bytes) const;
   // Closes the windows that ended before `now`; a prewarm round after each closing.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <set>
 
 namespace thaw::coordinator {
@@ -361,6 +362,50 @@ TEST(ClusterState, ANodeWhoseLinkIsFullIsLeftOut) {
   reply = state.on_frontend_request(cold_start("m"), 0, out);
   ASSERT_TRUE(reply.error().empty());
   EXPECT_EQ(reply.plan().placement(0).node_id(), "free");
+}
+
+// Scale-down (HydraServe §6): once stage 0's full-memory worker has fetched the rest of the
+// model, the plan is consolidated and (with workers launched) the other stages' workers stop.
+TEST(ClusterState, AConsolidatedPlanStopsTheOtherStagesWorkers) {
+  for (bool launch : {false, true}) {
+    SCOPED_TRACE(launch);
+    ClusterConfig c = config();
+    c.launch_workers = launch;
+    ClusterState state(c);
+    for (int i = 0; i < 4; ++i) {
+      const std::string id = "n" + std::to_string(i);
+      state.on_node_message(id, registration(id, 20 * GiB), 0);
+    }
+    std::vector<Outbound> out;
+    // A 6 s TTFT SLO needs a pipeline; a TPOT SLO of 50 ms (t_d = 30 ms) needs a full-memory
+    // worker in it: s = 2, w = 0 decodes at t_d·2 = 60 ms, w = 1 at t_d·1.5 = 45 ms (Eq. 2).
+    v1::FrontendRequest request = deploy("llama", 13 * GiB, 6);
+    request.mutable_deploy()->mutable_model()->set_slo_tpot_s(0.05);
+    state.on_frontend_request(request, 0, out);
+    auto reply = state.on_frontend_request(cold_start("llama"), 0, out);
+    ASSERT_TRUE(reply.error().empty()) << reply.error();
+    const v1::Plan& plan = reply.plan();
+    ASSERT_GE(plan.stages(), 2u);
+    std::optional<Outbound> consolidating;
+    for (const Outbound& t : tasks_in(out)) {
+      if (t.message.task().consolidate()) consolidating = t;
+    }
+    ASSERT_TRUE(plan.placement(0).full_memory()) << plan.DebugString();
+    ASSERT_TRUE(consolidating.has_value());
+    EXPECT_EQ(consolidating->message.task().stage(), 0u);
+    v1::NodeMessage done;
+    *done.mutable_progress()->mutable_task() = consolidating->message.task();
+    done.mutable_progress()->set_state(v1::TASK_DONE);
+    auto after = state.on_node_message(consolidating->node_id, done, 1);
+    EXPECT_TRUE(state.plans().at(plan.id()).plan.consolidated());
+    std::size_t stops = 0;
+    for (const Outbound& t : tasks_in(after)) {
+      EXPECT_EQ(t.message.task().kind(), v1::TASK_STOP_WORKER);
+      EXPECT_NE(t.message.task().stage(), 0u);
+      ++stops;
+    }
+    EXPECT_EQ(stops, launch ? plan.stages() - 1 : 0u);
+  }
 }
 
 // ---- WarmServe: load windows and prewarm rounds -------------------------------------------
