@@ -24,6 +24,17 @@ std::string printable_id(const zmq::message_t& id) {
   return "0x" + hex;
 }
 
+// Where a message came from, for log lines: "from 10.0.0.7" over TCP ("" over ipc://).
+std::string peer_of(zmq::message_t& frame) {  // gets() is not const in cppzmq
+  try {
+    if (const char* address = frame.gets("Peer-Address"); address != nullptr && *address != 0) {
+      return fmt::format(" from {}", address);
+    }
+  } catch (const zmq::error_t&) {
+  }
+  return "";
+}
+
 }  // namespace
 
 CoordinatorServer::CoordinatorServer(ServerOptions options)
@@ -110,8 +121,9 @@ void CoordinatorServer::on_node_frames() {
   counters_.node_messages.fetch_add(1, std::memory_order_relaxed);
   if (frames.size() != 2) {
     counters_.dropped.fetch_add(1);
-    options_.log(LOG_WARNING, fmt::format("node {}: a message of {} frames (expected 1), dropped",
-                                          printable_id(frames.at(0)), frames.size() - 1));
+    options_.log(LOG_WARNING, fmt::format("node {}{}: a message of {} frames (expected 1), dropped",
+                                          printable_id(frames.at(0)), peer_of(frames.back()),
+                                          frames.size() - 1));
     return;
   }
   const std::string routing_id = frames[0].to_string();
@@ -123,8 +135,8 @@ void CoordinatorServer::on_node_frames() {
   if (key_node.empty() || key_node != routing_id) {
     counters_.dropped.fetch_add(1);
     options_.log(LOG_WARNING,
-                 fmt::format("node {}: its key belongs to node \"{}\"; message dropped",
-                             printable_id(frames[0]), key_node));
+                 fmt::format("node {}{}: its key belongs to node \"{}\"; message dropped",
+                             printable_id(frames[0]), peer_of(frames[1]), key_node));
     return;
   }
   auto message = cluster::decode_node_message(frames[1].to_string_view());
@@ -166,9 +178,9 @@ void CoordinatorServer::on_frontend_frames() {
   // A REQ client's envelope: routing id, empty delimiter, body.
   if (frames.size() != 3 || frames[1].size() != 0) {
     counters_.dropped.fetch_add(1);
-    options_.log(LOG_WARNING, fmt::format("frontend: a message of {} frames, not a REQ request; "
-                                          "dropped",
-                                          frames.size()));
+    options_.log(LOG_WARNING,
+                 fmt::format("frontend{}: a message of {} frames, not a REQ request; dropped",
+                             peer_of(frames.back()), frames.size()));
     return;
   }
   v1::FrontendReply reply;
@@ -176,7 +188,8 @@ void CoordinatorServer::on_frontend_frames() {
   auto request = cluster::decode_frontend_request(frames[2].to_string_view());
   if (!request) {
     counters_.dropped.fetch_add(1);
-    options_.log(LOG_WARNING, fmt::format("frontend: {}", request.error()));
+    options_.log(LOG_WARNING,
+                 fmt::format("frontend{}: {}; refused", peer_of(frames[2]), request.error()));
     reply.set_error(request.error());
   } else {
     reply = state_.on_frontend_request(*request, now(), out);
