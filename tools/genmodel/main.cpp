@@ -413,9 +413,14 @@ class Progress {
 
 int open_tmp(size_t slot) {
   const std::string& path = g_tmp_paths[slot];
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(fmt::format("cannot create {}: {}", path, std::strerror(errno)));
+  // Counted before it exists: a signal between open() and the count would leave the file
+  // behind (unlinking one not yet created is harmless).
   g_tmp_created = static_cast<sig_atomic_t>(slot + 1);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    g_tmp_created = static_cast<sig_atomic_t>(slot);
+    throw Error(fmt::format("cannot create {}: {}", path, std::strerror(errno)));
+  }
   return fd;
 }
 
