@@ -100,6 +100,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 }
 
 #ifdef THAW_FUZZ_REPLAY_MAIN
+#include "replay_corpus.hpp"
+
 // ---- The replay program. ----
 #include <algorithm>
 #include <chrono>
@@ -329,50 +331,14 @@ int usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  long mutations = 20000;
-  std::uint64_t seed = 0x7468617766757a7aull;  // "thawfuzz"
-  std::vector<std::filesystem::path> paths;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--mutations" && i + 1 < argc) {
-      mutations = std::strtol(argv[++i], nullptr, 10);
-    } else if (a == "--seed" && i + 1 < argc) {
-      seed = std::strtoull(argv[++i], nullptr, 0);
-    } else if (a.starts_with("-")) {
-      return usage();
-    } else {
-      paths.emplace_back(a);
-    }
-  }
-  if (paths.empty()) return usage();
-
-  std::vector<std::filesystem::path> files;
-  for (const auto& p : paths) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(p, ec)) {
-      for (const auto& e : std::filesystem::directory_iterator(p, ec)) {
-        if (e.is_regular_file()) files.push_back(e.path());
-      }
-    } else if (std::filesystem::is_regular_file(p, ec)) {
-      files.push_back(p);
-    } else {
-      std::fprintf(stderr, "safetensors_fuzz_replay: no such file or directory: %s\n", p.c_str());
-      return 2;
-    }
-  }
-  // Deterministic order (by file name), so the mutations are too.
-  std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) {
-    return std::pair(a.filename(), a) < std::pair(b.filename(), b);
-  });
+  const auto args = thaw::fuzz::parse_replay_args(argc, argv);
+  if (!args) return usage();
+  const long mutations = args->mutations;
+  const std::uint64_t seed = args->seed;
+  const auto files = thaw::fuzz::corpus_files(args->paths, "safetensors_fuzz_replay");
+  if (files.empty()) return 2;
   std::vector<Bytes> corpus;
-  for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    corpus.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  if (corpus.empty()) {
-    std::fprintf(stderr, "safetensors_fuzz_replay: the corpus is empty\n");
-    return 2;
-  }
+  for (const auto& f : files) corpus.push_back(thaw::fuzz::read_file<Bytes>(f));
 
   const auto start = std::chrono::steady_clock::now();
   Outcomes seeds, mutants;

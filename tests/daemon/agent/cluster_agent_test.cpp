@@ -10,24 +10,18 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "agent_test_support.hpp"
 #include "common/proto/cluster/cluster_codec.hpp"
-#include "temp_dir.hpp"
 
 namespace thaw::daemon {
 namespace {
 
 using namespace std::chrono_literals;
-using thaw::testing::TempDir;
 
-class ClusterAgentTest : public ::testing::Test {
+class ClusterAgentTest : public testing::NodeServiceFixture {
  protected:
   void SetUp() override {
-    auto cache = store::HostCache::open({dir_.path() / "cache", 1ull << 30, {}, {}});
-    ASSERT_TRUE(cache) << cache.error().message;
-    cache_.emplace(std::move(*cache));
-    service_ = std::make_unique<NodeService>(*cache_, std::vector<vmm::GpuMemory*>{},
-                                             NodeServiceConfig{"", 4, 0});
-    workers_ = std::make_unique<WorkerLauncher>(dir_.path() / "workers", false);
+    NodeServiceFixture::SetUp();
     tasks_ = std::make_unique<TaskRunner>(*service_, *workers_, WorkerSettings{});
     auto server_key = zmqx::generate_key_pair();
     ASSERT_TRUE(server_key) << server_key.error();
@@ -45,8 +39,7 @@ class ClusterAgentTest : public ::testing::Test {
   void TearDown() override {
     agent_.reset();
     tasks_.reset();
-    workers_.reset();
-    service_.reset();
+    NodeServiceFixture::TearDown();
   }
 
   AgentConfig config() {
@@ -123,10 +116,6 @@ class ClusterAgentTest : public ::testing::Test {
     return check();
   }
 
-  TempDir dir_;
-  std::optional<store::HostCache> cache_;
-  std::unique_ptr<NodeService> service_;
-  std::unique_ptr<WorkerLauncher> workers_;
   std::unique_ptr<TaskRunner> tasks_;
   zmqx::CurveKeyPair server_key_, node_key_;
   zmq::context_t context_;

@@ -11,20 +11,14 @@
 #include <sstream>
 #include <thread>
 
-#include "temp_dir.hpp"
+#include "agent_test_support.hpp"
 
 namespace thaw::daemon {
 namespace {
 
 using namespace std::chrono_literals;
-using thaw::testing::TempDir;
 
-std::string read_all(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
+using testing::read_all;
 
 v1::Task make_task(const std::string& id, v1::TaskKind kind, std::uint32_t stage = 0,
                    std::uint32_t stages = 1, std::uint32_t gpu = 0) {
@@ -40,20 +34,11 @@ v1::Task make_task(const std::string& id, v1::TaskKind kind, std::uint32_t stage
   return t;
 }
 
-class TaskRunnerTest : public ::testing::Test {
+class TaskRunnerTest : public testing::NodeServiceFixture {
  protected:
-  void SetUp() override {
-    auto cache = store::HostCache::open({dir_.path() / "cache", 1ull << 30, {}, {}});
-    ASSERT_TRUE(cache) << cache.error().message;
-    cache_.emplace(std::move(*cache));
-    service_ = std::make_unique<NodeService>(*cache_, std::vector<vmm::GpuMemory*>{},
-                                             NodeServiceConfig{"", 4, 0});
-    workers_ = std::make_unique<WorkerLauncher>(dir_.path() / "workers", false);
-  }
   void TearDown() override {
     runner_.reset();
-    workers_.reset();
-    service_.reset();
+    NodeServiceFixture::TearDown();
   }
 
   TaskRunner& runner(std::vector<std::string> command = {}) {
@@ -77,10 +62,6 @@ class TaskRunnerTest : public ::testing::Test {
     return {};
   }
 
-  TempDir dir_;
-  std::optional<store::HostCache> cache_;
-  std::unique_ptr<NodeService> service_;
-  std::unique_ptr<WorkerLauncher> workers_;
   std::unique_ptr<TaskRunner> runner_;
 };
 

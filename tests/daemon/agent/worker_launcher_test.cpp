@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "temp_dir.hpp"
+#include "agent_test_support.hpp"
 
 namespace thaw::daemon {
 namespace {
@@ -21,12 +21,7 @@ namespace {
 using namespace std::chrono_literals;
 using thaw::testing::TempDir;
 
-std::string read_all(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
+using testing::read_all;
 
 template <typename Check>
 bool until(Check check, std::chrono::milliseconds timeout = 5s) {
