@@ -62,15 +62,17 @@ BusSnapshot take_snapshot(const ManagerInfo& manager, const NodeService& service
                                        {"Error", slot.error}}};
   }
   for (const ModelStatus& m : service.models()) {
-    s[model_path(m.key)] = BusObject{kModelInterface,
-                                     {{"Key", m.key},
-                                      {"Name", m.name},
-                                      {"State", std::string(to_string(m.state))},
-                                      {"FetchedBytes", m.fetched_bytes},
-                                      {"TotalBytes", m.total_bytes},
-                                      {"Rate", m.rate_bytes_per_s},
-                                      {"Files", m.files},
-                                      {"Error", m.error}}};
+    s[model_path(m.key)] =
+        BusObject{kModelInterface,
+                  {{"Key", m.key},
+                   {"Name", m.name},
+                   {"State", std::string(to_string(m.state))},
+                   {"FetchedBytes", m.fetched_bytes},
+                   {"TotalBytes", m.total_bytes},
+                   {"Rate", m.rate_bytes_per_s},
+                   {"Files", m.files},
+                   {"Error", m.error},
+                   {"Integrity", std::string(m.unverified ? "unverified" : "verified")}}};
   }
   return s;
 }

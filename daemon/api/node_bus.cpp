@@ -108,6 +108,9 @@ std::expected<std::unique_ptr<NodeBus>, std::string> NodeBus::start(
       THAW_PROPERTY("Rate", "d", kEmitsChange),
       THAW_PROPERTY("Files", "u", kEmitsChange),
       THAW_PROPERTY("Error", "s", kEmitsChange),
+      // "verified", or "unverified": fetched with nothing to check its bytes against (a model
+      // published without thaw-manifest.json, let in by store.allow_unverified).
+      THAW_PROPERTY("Integrity", "s", kEmitsChange),
       SD_BUS_VTABLE_END,
   };
 

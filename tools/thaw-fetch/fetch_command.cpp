@@ -85,6 +85,9 @@ int run_fetch(const FetchArgs& args) {
   options.fetcher.rate_limits[static_cast<std::size_t>(store::FetchClass::critical)] =
       store::RateLimit{args.max_rate, 0};
   options.fetcher.http_headers = args.headers;
+  // thaw-fetch takes what it is given and says so below; thawd refuses unless
+  // store.allow_unverified.
+  options.allow_unverified = true;
 
   store::RegistryOptions registry_options;
   registry_options.revision = args.revision;
@@ -135,6 +138,15 @@ int run_fetch(const FetchArgs& args) {
       fmt::print("{}\n", fetch_failure(args.model, result.error(), fetch.progress()).dump());
     }
     return report_error(result.error().message);
+  }
+  if (!result->unverified_files.empty()) {
+    fmt::print(stderr,
+               "thaw-fetch: warning: {} of {} had no digest to check ({}...): the model was "
+               "published without {}; thawd refuses it unless store.allow_unverified = true\n",
+               result->unverified_files.size() == 1
+                   ? std::string("1 file")
+                   : fmt::format("{} files", result->unverified_files.size()),
+               args.model, result->unverified_files.front(), store::kManifestName);
   }
   const FetchContext context{(*registry)->describe(), cache->root().string(), args.consolidate};
   if (args.json) {

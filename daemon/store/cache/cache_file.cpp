@@ -18,8 +18,9 @@ namespace thaw::store {
 namespace fs = std::filesystem;
 namespace {
 
-// Cached files are reached by consumers through passed descriptors, never by path.
-constexpr mode_t kFileMode = 0600;
+// Engines open cached model files by path (the shim classifies the path, it does not hand
+// out the data): readable by the cache's group (HostCacheConfig::group), never writable.
+constexpr mode_t kFileMode = 0640;
 
 std::string human_bytes(uint64_t bytes) {
   if (bytes >= (uint64_t{1} << 30)) return fmt::format("{:.1f} GiB", bytes / 1073741824.0);

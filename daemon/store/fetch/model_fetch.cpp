@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 
 #include "daemon/store/cache/cache_layout.hpp"
@@ -26,6 +27,18 @@ std::expected<std::string, ModelFetchError> cache_key_for(std::string_view model
                                     model, ok.error().message)});
   }
   return key;
+}
+
+std::vector<std::string> files_without_digest(const ModelListing& listing) {
+  std::vector<std::string> out;
+  for (const RemoteFile& rf : listing.files) {
+    if (rf.path == kManifestName || rf.sha256) continue;
+    const ManifestFile* mf = listing.manifest ? listing.manifest->find(rf.path) : nullptr;
+    if (mf != nullptr && (mf->sha256 || !mf->chunk_sha256.empty())) continue;
+    out.push_back(rf.path);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::expected<StageSpec, ModelFetchError> parse_stage(std::string_view text) {

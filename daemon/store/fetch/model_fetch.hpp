@@ -16,7 +16,10 @@
 // are written and, when the manifest has chunk digests, its sha256 matches; a mismatch
 // fetches the chunk once more, then fails the file and the fetch loudly. The whole-file
 // sha256 (manifest, or the hub's LFS digest) is checked when the whole file is in; only
-// then is the file sealed complete. See fill_session.hpp.
+// then is the file sealed complete. See fill_session.hpp. A model with a file that has no
+// digest at all (published without thaw-manifest.json) is refused right after listing,
+// before any byte moves, unless options.allow_unverified; then it is fetched, marked
+// unverified in the cache (HostCache::set_unverified) and the result says so.
 //
 // Resume: chunks already verified in the cache (from an earlier, interrupted fetch) are
 // not fetched again; a file left failed is reopened for filling.
@@ -68,6 +71,10 @@ struct ModelFetchOptions {
   std::uint64_t default_chunk_size = kDefaultChunkBytes;
   // Check the whole-file sha256 even of files whose every chunk was checked by digest.
   bool verify_whole_file = true;
+  // Take a model some of whose files have no digest to check (no thaw-manifest.json, no
+  // registry digest). Off: such a fetch fails with ModelFetchErrc::unverified, naming the
+  // files, before fetching anything (thawd: store.allow_unverified).
+  bool allow_unverified = false;
   unsigned verify_threads = 0;  // 0: min(4, hardware threads)
   FetcherConfig fetcher;
   // Called on run()'s thread once the plan is known, before tensor bytes are requested
@@ -80,6 +87,10 @@ struct ModelFetchOptions {
 // The default cache key for a registry model name: '/' becomes "--" (a hub repo id
 // "org/name" → "org--name"). Fails (invalid_argument) if the result is not a valid key.
 std::expected<std::string, ModelFetchError> cache_key_for(std::string_view model);
+
+// The files of a listing that nothing can check: no whole-file or chunk digest in its
+// thaw-manifest.json, and none from the registry (a hub's LFS digest). Sorted by path.
+std::vector<std::string> files_without_digest(const ModelListing& listing);
 
 // "3/4" → {3, 4}: 0 <= K < N.
 std::expected<StageSpec, ModelFetchError> parse_stage(std::string_view text);
@@ -130,6 +141,9 @@ struct ModelFetchResult {
   std::uint64_t retries = 0;
   std::uint64_t chunk_refetches = 0;
   std::vector<FetchedFile> files;  // plan order
+  // Files listed with no digest to check them (allow_unverified let them in); empty when
+  // every file had one.
+  std::vector<std::string> unverified_files;
 
   double goodput_bytes_per_s() const { return seconds > 0 ? bytes_fetched / seconds : 0; }
 };

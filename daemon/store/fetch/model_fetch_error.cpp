@@ -18,6 +18,8 @@ std::string_view to_string(ModelFetchErrc code) {
       return "fetch";
     case ModelFetchErrc::integrity:
       return "integrity";
+    case ModelFetchErrc::unverified:
+      return "unverified";
     case ModelFetchErrc::cancelled:
       return "cancelled";
   }

@@ -18,6 +18,8 @@ enum class ModelFetchErrc {
   cache_full,        // the cache's filesystem or budget cannot hold the files
   fetch,             // a byte range could not be fetched (after the fetcher's retries)
   integrity,         // a chunk or a whole file failed its sha256
+  unverified,        // nothing to check the files against (no thaw-manifest.json) and
+                     // options.allow_unverified is false
   cancelled,         // ModelFetch::cancel()
 };
 

@@ -63,6 +63,9 @@ class ModelFetch::Run {
   };
 
   std::expected<void, ModelFetchError> start();
+  // Refuses a listing with files nothing can check, unless allowed; then marks the model
+  // unverified in the cache before any of its bytes arrive.
+  std::expected<void, ModelFetchError> check_verifiable();
   std::expected<void, ModelFetchError> open_target(FileId id);
   std::expected<void, ModelFetchError> fetch_small_files(std::vector<FileId>& small);
   std::expected<std::vector<FileId>, ModelFetchError> weight_files();
@@ -99,6 +102,7 @@ class ModelFetch::Run {
   st::FetchPlan plan_;
   std::optional<double> time_to_plan_s_;
   std::uint64_t bytes_cached_ = 0;
+  std::vector<std::string> unverified_;  // files_without_digest(listing_)
   bool aborted_ = false;
   std::unique_ptr<FillSession> session_;
   std::unique_ptr<RangeFetcher> fetcher_;  // after session_: destroyed first
@@ -202,6 +206,7 @@ std::expected<void, ModelFetchError> ModelFetch::Run::start() {
   }
   listing_ = std::move(*listing);
   targets_.resize(listing_.files.size());
+  if (auto ok = check_verifiable(); !ok) return ok;
 
   const unsigned threads = opt_.verify_threads != 0
                                ? opt_.verify_threads
@@ -226,6 +231,29 @@ std::expected<void, ModelFetchError> ModelFetch::Run::start() {
   }
   // A cancel() that came before the pointers were set saw nothing to stop.
   return check_cancelled();
+}
+
+std::expected<void, ModelFetchError> ModelFetch::Run::check_verifiable() {
+  unverified_ = files_without_digest(listing_);
+  if (unverified_.empty()) return {};
+  std::string names;
+  for (std::size_t i = 0; i < unverified_.size() && i < 3; ++i) {
+    names += (i == 0 ? "" : ", ") + unverified_[i];
+  }
+  if (unverified_.size() > 3) names += fmt::format(" and {} more", unverified_.size() - 3);
+  if (!opt_.allow_unverified) {
+    return std::unexpected(fail(
+        ModelFetchErrc::unverified,
+        fmt::format("model '{}' on {} cannot be verified: {} {} no digest ({}); publish it "
+                    "with `thaw-fetch publish <model dir>` (writes {}), or accept it "
+                    "unchecked with store.allow_unverified = true in thawd.toml",
+                    opt_.model, o_.registry_.describe(), unverified_.size(),
+                    unverified_.size() == 1 ? "file has" : "files have", names, kManifestName)));
+  }
+  if (auto ok = o_.cache_.set_unverified(key_, true); !ok) {
+    return std::unexpected(from_cache(ok.error()));
+  }
+  return {};
 }
 
 std::expected<void, ModelFetchError> ModelFetch::Run::open_target(FileId id) {
@@ -531,6 +559,17 @@ std::expected<void, ModelFetchError> ModelFetch::Run::finish() {
       return std::unexpected(from_cache(ok.error()));
     }
   }
+  // A model once taken unverified becomes verified only when this run checked all of it:
+  // chunks already in the cache (a file complete at the start, or resumed) were not.
+  const bool all_checked =
+      bytes_cached_ == 0 && std::ranges::none_of(targets_, [](const std::optional<Target>& t) {
+        return t && t->complete_at_start;
+      });
+  if (unverified_.empty() && all_checked && !opt_.stage) {
+    if (auto ok = o_.cache_.set_unverified(key_, false); !ok) {
+      return std::unexpected(from_cache(ok.error()));
+    }
+  }
   return {};
 }
 
@@ -548,6 +587,7 @@ ModelFetchResult ModelFetch::Run::result() const {
   r.time_to_first_tensor_s = session_->first_tensor_seconds();
   r.retries = fetcher_->progress().retries;
   r.chunk_refetches = o_.counters_.chunk_refetches.load();
+  r.unverified_files = unverified_;
   for (const st::FileFetch& ff : plan_.files) {
     const FileId id = *find(ff.file);
     const FileFill& f = *session_->file(id);

@@ -41,7 +41,7 @@ TEST(CacheFile, CreatesDataAtFullSizeWithAFillingMap) {
   EXPECT_EQ(st.st_size, 1 << 20);
   // Sparse by default: space is checked, not zero-filled (see cache_file.hpp).
   EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, uint64_t{1} << 20);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_mode & 0777, 0640u) << "engines of the cache's group read it by path";
   EXPECT_TRUE(fs::exists(map));
   EXPECT_EQ(file->size(), uint64_t{1} << 20);
   EXPECT_EQ(file->readiness().chunk_count(), 16u);

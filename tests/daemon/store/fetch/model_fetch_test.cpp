@@ -124,6 +124,7 @@ TEST(ModelFetchTest, WithoutManifestUsesTheListingAndDefaultChunks) {
   HostCache cache = fixture.open_cache();
   ModelFetchOptions options = full_options();
   options.default_chunk_size = 256 << 10;
+  options.allow_unverified = true;  // no manifest: nothing to check the bytes against
   ModelFetch fetch(*registry, cache, options);
   auto result = fetch.run();
   ASSERT_TRUE(result) << result.error().message;
@@ -279,7 +280,9 @@ TEST(ModelFetchTest, ShardMissingFromTheRegistryIsNamed) {
   fs::remove(fixture.model_dir() / "model-00007-of-00018.safetensors");
   auto registry = fixture.registry();
   HostCache cache = fixture.open_cache();
-  ModelFetch fetch(*registry, cache, full_options());
+  ModelFetchOptions options = full_options();
+  options.allow_unverified = true;  // the manifest is gone: this is about the listing
+  ModelFetch fetch(*registry, cache, options);
   auto result = fetch.run();
   ASSERT_FALSE(result);
   EXPECT_EQ(result.error().code, ModelFetchErrc::registry);
@@ -297,7 +300,9 @@ TEST(ModelFetchTest, MalformedHeaderIsAModelError) {
   testing::write_file(shard, bytes);
   auto registry = fixture.registry();
   HostCache cache = fixture.open_cache();
-  ModelFetch fetch(*registry, cache, full_options());
+  ModelFetchOptions options = full_options();
+  options.allow_unverified = true;  // the manifest is gone: this is about the listing
+  ModelFetch fetch(*registry, cache, options);
   auto result = fetch.run();
   ASSERT_FALSE(result);
   EXPECT_EQ(result.error().code, ModelFetchErrc::model);
