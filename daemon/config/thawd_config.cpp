@@ -2,11 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <toml++/toml.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <fstream>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
 #include <set>
-#include <sstream>
 
 #include "common/text/byte_size.hpp"
 
@@ -125,6 +130,31 @@ std::expected<void, ConfigError> read_rate(const Section& s, std::string_view k,
              "no limit");
 }
 
+// A fraction in (0, 1]. NaN fails every comparison, so the range is tested as "inside",
+// never as "not outside", and infinities are refused by name.
+std::expected<void, ConfigError> read_fraction(const Section& s, std::string_view k, double& out) {
+  const toml::node* n = s.get(k);
+  if (n == nullptr) return {};
+  auto v = n->value<double>();
+  if (!v || !(n->is_floating_point() || n->is_integer()) || !std::isfinite(*v) ||
+      !(*v > 0 && *v <= 1)) {
+    return bad(s.origin(), *n, s.key(k), "must be a finite number in (0, 1], e.g. 0.9");
+  }
+  out = *v;
+  return {};
+}
+
+std::expected<void, ConfigError> read_cache_budget(const Section& s, std::uint64_t& out) {
+  if (auto ok = read_size(s, "cache_budget", out); !ok) return ok;
+  if (out < kMinCacheBudgetBytes) {
+    return bad(s.origin(), *s.get("cache_budget"), s.key("cache_budget"),
+               fmt::format("{} bytes holds no model, and thawd would evict everything cached "
+                           "to fit it; give at least \"1MiB\" (a size such as \"64GiB\")",
+                           out));
+  }
+  return {};
+}
+
 std::expected<void, ConfigError> read_metrics_listen(const Section& s, std::string& out) {
   if (auto ok = read_string(s, "listen", out); !ok) return ok;
   if (out.empty()) return {};
@@ -144,10 +174,53 @@ std::expected<void, ConfigError> read_metrics_listen(const Section& s, std::stri
   return {};
 }
 
-std::string slurp(std::ifstream& in) {
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
+// The file's text, or why it is not a configuration file thawd will read. Opened without
+// blocking (a FIFO's open waits for a writer otherwise) and checked before any read.
+std::expected<std::string, ConfigError> read_config_file(const std::filesystem::path& path) {
+  auto fail = [&](std::string_view why) {
+    return Fail(ConfigError{fmt::format("{}: {}", path.string(), why)});
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    if (errno == EACCES)
+      return fail("cannot be read; check its permissions (thawd reads it as root)");
+    return fail(fmt::format("cannot be opened: {}", std::strerror(errno)));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return fail(fmt::format("cannot be read: {}", std::strerror(errno)));
+  if (S_ISDIR(st.st_mode)) return fail("is a directory; give the path of the TOML file");
+  if (!S_ISREG(st.st_mode)) {
+    return fail(
+        "is not a regular file (a FIFO, socket or device); give the path of the TOML "
+        "file");
+  }
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxConfigBytes) {
+    return fail(
+        fmt::format("is {} bytes, more than a configuration file can be ({}); is it "
+                    "the right file?",
+                    st.st_size, kMaxConfigBytes));
+  }
+  // The size is checked again while reading: a file may grow, and some (in /proc) report 0.
+  std::string text;
+  char buf[8192];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(fmt::format("cannot be read: {}", std::strerror(errno)));
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > kMaxConfigBytes) {
+      return fail(
+          fmt::format("is more than {} bytes, more than a configuration file can be; is "
+                      "it the right file?",
+                      kMaxConfigBytes));
+    }
+  }
+  return text;
 }
 
 }  // namespace
@@ -185,8 +258,7 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
   }
   for (auto ok :
        {read_string(node, "id", c.node_id), read_path(node, "state_dir", c.state_dir),
-        read_path(store, "cache_dir", c.cache_dir),
-        read_size(store, "cache_budget", c.cache_budget_bytes),
+        read_path(store, "cache_dir", c.cache_dir), read_cache_budget(store, c.cache_budget_bytes),
         read_string(store, "registry", c.registry),
         read_count(store, "connections", c.connections, 1, 256),
         read_rate(store, "max_rate", c.max_rate_bytes_per_s),
@@ -200,13 +272,7 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
         read_path(coordinator, "worker_preload", c.worker_preload)}) {
     if (!ok) return Fail(ok.error());
   }
-  if (const toml::node* n = gpu.get("pool_share")) {
-    auto v = n->value<double>();
-    if (!v || !(n->is_floating_point() || n->is_integer()) || *v <= 0 || *v > 1) {
-      return bad(origin, *n, "gpu.pool_share", "must be a number in (0, 1], e.g. 0.9");
-    }
-    c.pool_share = *v;
-  }
+  if (auto ok = read_fraction(gpu, "pool_share", c.pool_share); !ok) return Fail(ok.error());
   if (const toml::node* n = shim.get("allow_groups")) {
     const toml::array* groups = n->as_array();
     if (groups == nullptr) {
@@ -253,21 +319,19 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
   return c;
 }
 
-std::expected<ThawdConfig, ConfigError> load_config(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return ThawdConfig{};
-  if (std::filesystem::is_directory(path, ec)) {
+std::expected<ThawdConfig, ConfigError> load_config(const std::filesystem::path& path,
+                                                    ConfigFile need) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) {
+    if (need == ConfigFile::optional) return ThawdConfig{};
     return Fail(ConfigError{
-        fmt::format("{}: is a directory; give the path of the TOML file", path.string())});
+        fmt::format("{}: no such file; give the path of an existing TOML file (without -c, "
+                    "thawd reads {} and uses the defaults if it is missing)",
+                    path.string(), kDefaultConfigPath)});
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return Fail(
-        ConfigError{fmt::format("{}: cannot be read; check its permissions (thawd reads "
-                                "it as root)",
-                                path.string())});
-  }
-  return parse_config(slurp(in), path.string());
+  auto text = read_config_file(path);
+  if (!text) return Fail(text.error());
+  return parse_config(*text, path.string());
 }
 
 std::vector<std::string> restart_needed(const ThawdConfig& a, const ThawdConfig& b) {

@@ -1,7 +1,8 @@
 // thawd's configuration: /etc/thaw/thawd.toml (see packaging/thawd.toml for every key with
 // its default). Every key is optional; an unknown key, a value of the wrong type or out of
 // range is an error naming the file, line, column and key, and saying what is accepted —
-// a typo must not silently leave a default in place.
+// a typo must not silently leave a default in place. Numbers must be finite: `nan` and
+// `inf` are valid TOML but never a valid setting.
 //
 // reloadable() says which settings SIGHUP may change while thawd runs; the others need a
 // restart (thawd says so in its log when a reload tries to change them).
@@ -57,8 +58,21 @@ struct ConfigError {
 
 std::expected<ThawdConfig, ConfigError> parse_config(std::string_view toml_text,
                                                      std::string_view origin);
-// A missing file gives the defaults (a fresh install has none); an unreadable one is an error.
-std::expected<ThawdConfig, ConfigError> load_config(const std::filesystem::path& path);
+// The smallest store.cache_budget accepted: below it no model fits, and the start-up
+// re-index would evict everything cached (a budget of "1" is a typo, not a wish).
+inline constexpr std::uint64_t kMinCacheBudgetBytes = 1ull << 20;
+// The largest configuration file read: thawd.toml is a few KiB; more is a wrong path.
+inline constexpr std::uint64_t kMaxConfigBytes = 1ull << 20;
+
+// Whether the file must exist: the compiled-in default path may be missing (a fresh install
+// has none: the defaults apply), a path given with -c may not (a typo there must not start
+// thawd on the system paths).
+enum class ConfigFile { optional, required };
+
+// Reads a regular file of at most kMaxConfigBytes; a FIFO, a device or a directory is refused
+// (never read, so /dev/zero or a FIFO cannot hang or exhaust the caller).
+std::expected<ThawdConfig, ConfigError> load_config(const std::filesystem::path& path,
+                                                    ConfigFile need = ConfigFile::optional);
 
 // Settings that differ between `before` and `after` and cannot change without a restart.
 std::vector<std::string> restart_needed(const ThawdConfig& before, const ThawdConfig& after);

@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <systemd/sd-daemon.h>
 #include <systemd/sd-id128.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "common/text/byte_size.hpp"
 #include "daemon/log/log.hpp"
@@ -13,7 +17,57 @@
 
 namespace thaw::daemon {
 
+namespace {
+
+// What the start-up re-index kept, dropped and evicted: a cache that shrank or lost files
+// across a restart must say so in the journal, not only in a later fetch's duration.
+void log_reindex(const store::ReindexReport& r, const ThawdConfig& c) {
+  log(LogLevel::info,
+      fmt::format("cache {}: kept {} model(s), {} complete and {} partial file(s), {} in use",
+                  c.cache_dir.string(), r.models, r.complete_files, r.partial_files,
+                  text::format_bytes(static_cast<double>(r.bytes_used))));
+  for (const store::DroppedEntry& d : r.dropped) {
+    log(LogLevel::warning, fmt::format("cache: deleted {}: {}", d.path.string(), d.reason));
+  }
+  for (const std::string& key : r.incomplete) {
+    log(LogLevel::warning,
+        fmt::format("cache: model {} lost files (above) and is incomplete; the next fetch or "
+                    "prewarm of it fetches them again",
+                    key),
+        {{"MODEL", key}});
+  }
+  for (const std::string& key : r.evicted) {
+    log(LogLevel::warning,
+        fmt::format("cache: evicted model {} to fit store.cache_budget = {}", key,
+                    text::format_bytes(static_cast<double>(c.cache_budget_bytes))),
+        {{"MODEL", key}});
+  }
+  for (const std::filesystem::path& p : r.ignored) {
+    log(LogLevel::notice,
+        fmt::format("cache: {} is not a model directory; left alone", p.string()));
+  }
+}
+
+// Soft RLIMIT_NOFILE up to the hard one, as systemd advises for programs that need many
+// descriptors (thawd polls, never select()s, so descriptors past 1024 are fine): every pool
+// page thawd exports to an engine is a descriptor for a while, and under the emulator every
+// page is one for good (80 GB at 2 MiB = 40,000, far above the usual soft 1024). A hard limit
+// that is still too low is reported by the driver when the pool cannot be taken.
+void raise_open_file_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  const rlim_t before = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    log(LogLevel::warning, fmt::format("cannot raise the open-file limit from {} to {}: {}", before,
+                                       rl.rlim_max, std::strerror(errno)));
+  }
+}
+
+}  // namespace
+
 std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem::path config_path,
+                                                                ConfigFile need,
                                                                 ServiceNotifier& notifier) {
   // Block the signals the loop takes before any thread exists (the GPU managers start
   // some): a process-directed SIGHUP would otherwise kill thawd through a thread that
@@ -23,9 +77,10 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&mask, sig);
   if (sigprocmask(SIG_BLOCK, &mask, nullptr) != 0) return std::unexpected("cannot block signals");
 
-  auto config = load_config(config_path);
+  raise_open_file_limit();
+  auto config = load_config(config_path, need);
   if (!config) return std::unexpected(config.error().message);
-  std::unique_ptr<Thawd> d(new Thawd(std::move(config_path), notifier, std::move(*config)));
+  std::unique_ptr<Thawd> d(new Thawd(std::move(config_path), need, notifier, std::move(*config)));
   const ThawdConfig& c = d->config_;
 
   notifier.status("opening the host cache");
@@ -36,6 +91,7 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
         fmt::format("store.cache_dir {}: {}", c.cache_dir.string(), cache.error().message));
   }
   d->cache_.emplace(std::move(*cache));
+  log_reindex(d->cache_->reindex_report(), c);
 
   notifier.status("taking the GPUs' memory");
   auto driver = cuda::Driver::load();
@@ -133,8 +189,12 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   return d;
 }
 
-Thawd::Thawd(std::filesystem::path config_path, ServiceNotifier& notifier, ThawdConfig config)
-    : config_path_(std::move(config_path)), notifier_(notifier), config_(std::move(config)) {}
+Thawd::Thawd(std::filesystem::path config_path, ConfigFile need, ServiceNotifier& notifier,
+             ThawdConfig config)
+    : config_path_(std::move(config_path)),
+      config_need_(need),
+      notifier_(notifier),
+      config_(std::move(config)) {}
 
 Thawd::~Thawd() {
   agent_.reset();  // no new tasks
@@ -243,7 +303,7 @@ int Thawd::on_signal(sd_event_source*, const struct signalfd_siginfo* info, void
 
 void Thawd::reload() {
   notifier_.reloading();
-  auto next = load_config(config_path_);
+  auto next = load_config(config_path_, config_need_);
   if (!next) {
     log(LogLevel::error, "reload: " + next.error().message + "; keeping the running configuration");
     notifier_.ready(status_line());

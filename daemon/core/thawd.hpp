@@ -38,7 +38,9 @@ namespace thaw::daemon {
 
 class Thawd {
  public:
+  // `need`: whether config_path must exist (given with -c) or may be missing (the default).
   static std::expected<std::unique_ptr<Thawd>, std::string> start(std::filesystem::path config_path,
+                                                                  ConfigFile need,
                                                                   ServiceNotifier& notifier);
   ~Thawd();
   Thawd(const Thawd&) = delete;
@@ -51,7 +53,8 @@ class Thawd {
   std::size_t gpu_count() const { return gpus_.size(); }
 
  private:
-  Thawd(std::filesystem::path config_path, ServiceNotifier& notifier, ThawdConfig config);
+  Thawd(std::filesystem::path config_path, ConfigFile need, ServiceNotifier& notifier,
+        ThawdConfig config);
   std::string status_line() const;
   ManagerInfo manager_info();
   std::expected<void, std::string> start_agent(const std::string& node_id);
@@ -60,6 +63,7 @@ class Thawd {
   static int on_signal(sd_event_source* source, const struct signalfd_siginfo* info, void* self);
 
   std::filesystem::path config_path_;
+  ConfigFile config_need_;  // a SIGHUP re-reads under the same rule as the start
   ServiceNotifier& notifier_;
   ThawdConfig config_;
   std::optional<store::HostCache> cache_;

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,20 @@ std::string_view level_name(LogLevel level) {
   return "info";
 }
 
+// "2025-01-31T17:04:05.123+0100": local time as date(1) and journalctl print it, to the
+// millisecond (a fetch's or a prewarm's steps are milliseconds apart), with its offset.
+std::string timestamp() {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  tm local{};
+  ::localtime_r(&now.tv_sec, &local);
+  char date[32];
+  char zone[8];
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%S", &local);
+  std::strftime(zone, sizeof(zone), "%z", &local);
+  return fmt::format("{}.{:03}{}", date, now.tv_nsec / 1'000'000, zone);
+}
+
 }  // namespace
 
 void log(LogLevel level, std::string_view message, std::initializer_list<LogField> fields) {
@@ -53,7 +68,8 @@ void log(LogLevel level, std::string_view message, std::initializer_list<LogFiel
     (void)sd_journal_sendv(iov.data(), static_cast<int>(iov.size()));
     return;
   }
-  std::string line = fmt::format("thawd: {}: {}", level_name(level), message);
+  // The journal stamps its entries itself; a terminal or a redirected file has no clock.
+  std::string line = fmt::format("{} thawd: {}: {}", timestamp(), level_name(level), message);
   for (const auto& [key, value] : fields) line += fmt::format(" {}={}", key, value);
   line += '\n';
   std::fwrite(line.data(), 1, line.size(), stderr);

@@ -1,6 +1,7 @@
 // thawd's log: to the journal with structured fields (MODEL=, SLOT=, GPU=) when stderr is
 // the journal (systemd sets $JOURNAL_STREAM to its device:inode), otherwise one line per
-// message on stderr, fields appended as key=value.
+// message on stderr, starting with the local time to the millisecond, fields appended as
+// key=value: "2025-01-31T17:04:05.123+0100 thawd: notice: ready: ...".
 #pragma once
 
 #include <initializer_list>

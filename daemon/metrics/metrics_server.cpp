@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <charconv>
+#include <chrono>
 
 namespace thaw::daemon {
 
@@ -28,7 +30,19 @@ std::expected<std::unique_ptr<MetricsServer>, std::string> MetricsServer::start(
     return std::unexpected(
         fmt::format("metrics.listen {}: cannot listen there (port in use?)", listen));
   }
-  m->thread_ = std::thread([server = m->server_.get()] { server->listen_after_bind(); });
+  auto listening_ended = std::make_shared<std::atomic<bool>>(false);
+  m->thread_ = std::thread([server = m->server_.get(), listening_ended] {
+    server->listen_after_bind();
+    listening_ended->store(true);
+  });
+  // cpp-httplib's stop() does nothing until the listening thread has marked the server as
+  // running, and that thread may not have been scheduled yet: a stop() in between is lost
+  // and ~MetricsServer's join() waits forever (a SIGTERM right after READY=1 hung thawd).
+  // So start() returns only once the server runs — or its thread already gave up — and
+  // every later stop() takes effect. (httplib 0.11 has no wait_until_ready(); this is it.)
+  while (!m->server_->is_running() && !listening_ended->load()) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
   return m;
 }
 

@@ -17,6 +17,9 @@ namespace thaw::daemon {
 class MetricsServer {
  public:
   // `listen`: "127.0.0.1:PORT" or "[::1]:PORT" (metrics.listen, validated by the config).
+  // Returns once the server accepts connections, so destroying it at any moment after
+  // (SIGTERM right after READY=1) stops it: the destructor never waits on a listener that
+  // has not seen the stop.
   static std::expected<std::unique_ptr<MetricsServer>, std::string> start(
       const std::string& listen, std::function<std::string()> render);
   ~MetricsServer();

@@ -28,6 +28,36 @@ bool someone_listens(const std::filesystem::path& path) {
   return fd.has_value();
 }
 
+// Makes room for the listening socket at `path`. Only a socket nobody answers on (left by a
+// thawd that crashed) is removed: a mistyped shim.socket naming a regular file, a directory
+// or a symlink must never cost anyone that file.
+std::expected<void, std::string> clear_stale_socket(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return {};
+    return std::unexpected(errno_text(fmt::format("shim.socket {}", path.string())));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    const char* what = S_ISDIR(st.st_mode)   ? "a directory"
+                       : S_ISLNK(st.st_mode) ? "a symbolic link"
+                       : S_ISREG(st.st_mode) ? "a regular file"
+                                             : "not a socket";
+    return std::unexpected(
+        fmt::format("shim.socket {}: is {}, not a socket; thawd replaces only a stale socket "
+                    "it left behind — move that away or set shim.socket to a new path",
+                    path.string(), what));
+  }
+  if (someone_listens(path)) {
+    return std::unexpected(fmt::format(
+        "shim.socket {}: another process (a second thawd?) is listening on it", path.string()));
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return std::unexpected(
+        errno_text(fmt::format("shim.socket {}: removing the stale socket", path.string())));
+  }
+  return {};
+}
+
 PeerIdentity peer_of(int fd) {
   PeerIdentity peer;
   ucred cred{};
@@ -71,14 +101,7 @@ std::expected<std::unique_ptr<ShimServer>, std::string> ShimServer::start(
     return std::unexpected(fmt::format("shim.socket {}: cannot create its directory: {}",
                                        socket_path.string(), ec.message()));
   }
-  if (std::filesystem::exists(std::filesystem::symlink_status(socket_path))) {
-    if (someone_listens(socket_path)) {
-      return std::unexpected(
-          fmt::format("shim.socket {}: another process (a second thawd?) is listening on it",
-                      socket_path.string()));
-    }
-    std::filesystem::remove(socket_path, ec);  // stale, from a thawd that crashed
-  }
+  if (auto ok = clear_stale_socket(socket_path); !ok) return std::unexpected(ok.error());
   s->listener_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!s->listener_) return std::unexpected(errno_text("shim socket"));
   sockaddr_un addr{};
@@ -93,6 +116,7 @@ std::expected<std::unique_ptr<ShimServer>, std::string> ShimServer::start(
     return std::unexpected(errno_text(fmt::format("shim.socket {}: bind", path)));
   }
   s->path_ = socket_path;
+  if (struct stat st{}; ::lstat(path.c_str(), &st) == 0) s->inode_ = {st.st_dev, st.st_ino};
   ::chmod(path.c_str(), 0666);
   if (::listen(s->listener_.get(), 128) != 0) {
     return std::unexpected(errno_text(fmt::format("shim.socket {}: listen", path)));
@@ -108,9 +132,11 @@ std::expected<std::unique_ptr<ShimServer>, std::string> ShimServer::start(
 ShimServer::~ShimServer() {
   if (accept_source_ != nullptr) sd_event_source_disable_unref(accept_source_);
   while (!connections_.empty()) close_connection(connections_.begin()->first, "thawd stopping");
-  if (!path_.empty()) {
-    std::error_code ec;
-    std::filesystem::remove(path_, ec);
+  // Only the socket this thawd bound: whatever replaced it since is someone else's.
+  struct stat st {};
+  if (!path_.empty() && ::lstat(path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+      std::pair{st.st_dev, st.st_ino} == inode_) {
+    ::unlink(path_.c_str());
   }
 }
 

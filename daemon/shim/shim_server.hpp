@@ -3,7 +3,8 @@
 //
 // - Listens on shim.socket (AF_UNIX SOCK_SEQPACKET, mode 0666: who may talk is decided by
 //   the allow rule, not by file permissions). A stale socket file left by a crashed thawd is
-//   replaced; one a live thawd answers on is not (start fails, saying so).
+//   replaced; one a live thawd answers on is not, nor anything that is not a socket (start
+//   fails, saying so).
 // - Each connection's peer is taken from SO_PEERCRED and SO_PEERGROUPS at accept; its hello
 //   is refused (error AccessDenied, then close) unless the AccessPolicy allows it.
 // - A malformed, oversized or out-of-order message closes that connection only; a failed
@@ -12,6 +13,7 @@
 //   exports not yet confirmed, slot ownership — is given back (NodeService::release_owner).
 #pragma once
 
+#include <sys/types.h>
 #include <systemd/sd-event.h>
 
 #include <atomic>
@@ -21,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "common/fd/unique_fd.hpp"
 #include "common/proto/seqpacket.hpp"
@@ -98,6 +101,7 @@ class ShimServer {
   const AccessPolicy* access_;
   std::string node_id_;
   std::filesystem::path path_;
+  std::pair<dev_t, ino_t> inode_{};  // of the socket bound at path_: the one ~ShimServer removes
   UniqueFd listener_;
   sd_event* event_ = nullptr;
   sd_event_source* accept_source_ = nullptr;

@@ -18,9 +18,13 @@ int main(int argc, char** argv) {
       "SIGHUP re-reads the configuration (store.registry, store.connections and\n"
       "shim.allow_groups change live; the rest at the next restart).");
   CLI11_PARSE(app, argc, argv);
+  // Only the compiled-in default may be missing (a fresh install has none): a path someone
+  // typed that does not exist must stop thawd, not start it on the system paths.
+  const auto need = app.count("--config") > 0 ? thaw::daemon::ConfigFile::required
+                                              : thaw::daemon::ConfigFile::optional;
 
   if (check) {
-    auto config = thaw::daemon::load_config(config_path);
+    auto config = thaw::daemon::load_config(config_path, need);
     if (!config) {
       fmt::print(stderr, "thawd: {}\n", config.error().message);
       return 1;
@@ -31,7 +35,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   auto notifier = thaw::daemon::make_systemd_notifier();
-  auto daemon = thaw::daemon::Thawd::start(config_path, *notifier);
+  auto daemon = thaw::daemon::Thawd::start(config_path, need, *notifier);
   if (!daemon) {
     thaw::daemon::log(thaw::daemon::LogLevel::error, daemon.error());
     notifier->status("failed to start: " + daemon.error());

@@ -81,4 +81,12 @@ fs::path last_used_path(const fs::path& root, std::string_view key) {
   return root / key / kMetaDir / kLastUsed;
 }
 
+fs::path dropped_dir(const fs::path& root, std::string_view key) {
+  return root / key / kMetaDir / kDroppedDir;
+}
+
+fs::path dropped_path(const fs::path& root, std::string_view key, std::string_view relative_path) {
+  return dropped_dir(root, key) / relative_path;
+}
+
 }  // namespace thaw::store::cache_layout

@@ -1,7 +1,10 @@
 // Start-up re-index of a cache root (HostCache::open). See host_cache.hpp for the
-// policy: keep what a readiness map vouches for, delete what nothing vouches for.
+// policy: keep what a readiness map vouches for, delete what nothing vouches for, and
+// remember which files of a kept model were deleted, so it never reads complete.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <set>
 #include <system_error>
@@ -75,6 +78,15 @@ void prune_empty_dirs(const fs::path& dir) {
   }
 }
 
+// A data file of the model that was deleted: the model lacks it until a fetch re-creates it.
+void drop_model_file(HostCacheState& state, const std::string& key, ModelEntry& model,
+                     const FoundEntry& entry, std::string reason) {
+  drop(state, entry.path, std::move(reason));
+  if (layout::check_relative_path(entry.relative)) {
+    mark_dropped(state, key, model, entry.relative);
+  }
+}
+
 CacheResult<void> reindex_model(HostCacheState& state, const std::string& key) {
   const fs::path& root = state.config.root;
   const fs::path dir = layout::model_dir(root, key);
@@ -86,7 +98,7 @@ CacheResult<void> reindex_model(HostCacheState& state, const std::string& key) {
   if (!data) return std::unexpected(data.error());
   for (const FoundEntry& entry : *data) {
     if (entry.type != fs::file_type::regular) {
-      drop(state, entry.path, "not a regular file");
+      drop_model_file(state, key, model, entry, "not a regular file");
       continue;
     }
     if (auto ok = layout::check_relative_path(entry.relative); !ok) {
@@ -97,15 +109,16 @@ CacheResult<void> reindex_model(HostCacheState& state, const std::string& key) {
     auto file = CacheFile::open(entry.path, map, options);
     if (!file) {
       const bool no_map = file.error().code == CacheErrc::not_found;
-      drop(state, entry.path,
-           no_map ? "no readiness map (its creation never finished)" : file.error().message);
+      drop_model_file(
+          state, key, model, entry,
+          no_map ? "no readiness map (its creation never finished)" : file.error().message);
       if (!no_map) drop(state, map, "readiness map of a dropped file");
       continue;
     }
     auto allocation =
         cache_allocation_bytes(CacheFileSpec{file->size(), file->chunk_size()}, state.filesystem);
     if (!allocation) {  // cannot happen for a validated map; be safe
-      drop(state, entry.path, allocation.error().message);
+      drop_model_file(state, key, model, entry, allocation.error().message);
       drop(state, map, allocation.error().message);
       continue;
     }
@@ -126,7 +139,23 @@ CacheResult<void> reindex_model(HostCacheState& state, const std::string& key) {
     if (!maps) return std::unexpected(maps.error());
     for (const FoundEntry& entry : *maps) {
       if (!model.files.contains(entry.relative)) {
-        drop(state, entry.path, "readiness map without its data file");
+        // Its data file is gone (or was just dropped): the model lacks that file.
+        drop_model_file(state, key, model, entry, "readiness map without its data file");
+      }
+    }
+  }
+
+  // Marks left by earlier runs: still missing unless the file is back (a crash between
+  // creating it and clearing the mark).
+  const fs::path marks = layout::dropped_dir(root, key);
+  if (fs::exists(marks, ec)) {
+    auto found = list_tree(marks, {});
+    if (!found) return std::unexpected(found.error());
+    for (const FoundEntry& entry : *found) {
+      if (model.files.contains(entry.relative) || !layout::check_relative_path(entry.relative)) {
+        fs::remove(entry.path, ec);
+      } else {
+        model.dropped.insert(entry.relative);
       }
     }
   }
@@ -137,12 +166,30 @@ CacheResult<void> reindex_model(HostCacheState& state, const std::string& key) {
   }
   prune_empty_dirs(dir);
   model.last_used_ns = mtime_ns(layout::last_used_path(root, key));
+  if (!model.dropped.empty()) state.report.incomplete.push_back(key);
   state.used += model.bytes;
   state.models.emplace(key, std::move(model));
   return {};
 }
 
 }  // namespace
+
+void mark_dropped(HostCacheState& state, const std::string& key, ModelEntry& model,
+                  const std::string& relative_path) {
+  model.dropped.insert(relative_path);
+  const fs::path mark = layout::dropped_path(state.config.root, key, relative_path);
+  std::error_code ec;
+  fs::create_directories(mark.parent_path(), ec);
+  const int fd = ::open(mark.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd >= 0) ::close(fd);
+}
+
+void clear_dropped(HostCacheState& state, const std::string& key, ModelEntry& model,
+                   const std::string& relative_path) {
+  if (model.dropped.erase(relative_path) == 0) return;
+  std::error_code ec;
+  fs::remove(layout::dropped_path(state.config.root, key, relative_path), ec);
+}
 
 CacheResult<void> reindex(HostCacheState& state) {
   const fs::path& root = state.config.root;

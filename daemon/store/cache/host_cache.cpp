@@ -91,6 +91,7 @@ void drop_file_locked(HostCacheState& state, const std::string& key, ModelEntry&
   model.bytes -= it->second.allocated_bytes;
   state.used -= it->second.allocated_bytes;
   model.files.erase(it);
+  detail::mark_dropped(state, key, model, relative_path);  // the model lacks it now
 }
 
 bool should_drop(const CacheError& error) {
@@ -391,6 +392,7 @@ CacheResult<std::shared_ptr<CacheFile>> HostCache::open_file(std::string_view ke
     result = std::make_shared<CacheFile>(std::move(*created));
     entry->second.creating = false;
     entry->second.live = result;
+    detail::clear_dropped(state, key, model, relative_path);
     detail::touch_locked(state, key, model);
   } else {
     model.bytes -= entry->second.allocated_bytes;
@@ -507,6 +509,16 @@ std::vector<CachedModelInfo> HostCache::models() const {
         }
       }
       info.files.push_back(std::move(file));
+    }
+    if (!model.files.empty()) {  // a model of dropped files only is forgotten, not listed
+      for (const std::string& path : model.dropped) {
+        CachedFileInfo file;
+        file.relative_path = path;
+        file.state = FillState::failed;
+        file.dropped = true;
+        info.files.push_back(std::move(file));
+      }
+      std::ranges::sort(info.files, {}, &CachedFileInfo::relative_path);
     }
     result.push_back(std::move(info));
   }

@@ -20,6 +20,8 @@
 // - open() re-indexes an existing root: keeps complete files, keeps partial ones
 //   (state filling or failed) with their verified chunks, deletes data files whose
 //   readiness map is missing or corrupt and maps without data, and reports it all.
+//   A model that lost a file that way stays listed with that file as `dropped` (state
+//   failed, so never complete) until a fetch creates it again; the mark survives restarts.
 //   Entries of the root that are not model directories are left alone and reported.
 //   A non-empty directory without the .thaw-cache marker is refused, so pointing the
 //   cache at the wrong directory can never delete anyone's files.
@@ -61,6 +63,9 @@ struct CachedFileInfo {
   uint64_t allocated_bytes = 0;  // as counted against the budget
   FillState state = FillState::filling;
   bool being_created = false;  // space being reserved right now; state not readable yet
+  // Deleted as damaged (re-index or a later check) and not created again yet: no bytes,
+  // state failed, so the model never reads complete and a fetch creates it afresh.
+  bool dropped = false;
 };
 
 struct CachedModelInfo {
@@ -77,7 +82,8 @@ struct DroppedEntry {
 };
 
 struct ReindexReport {
-  size_t models = 0;
+  size_t models = 0;                    // kept
+  std::vector<std::string> incomplete;  // kept, but missing dropped files: fetches refetch them
   size_t complete_files = 0;
   size_t partial_files = 0;  // filling or failed: resumable from their verified chunks
   uint64_t bytes_used = 0;

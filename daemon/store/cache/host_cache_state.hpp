@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "daemon/store/cache/cache_file.hpp"
@@ -29,6 +30,9 @@ struct ModelEntry {
   uint32_t creating = 0;  // files of this model being created: not evictable meanwhile
   int64_t last_used_ns = 0;
   uint64_t bytes = 0;
+  // Files deleted as damaged that no fetch has created again (marked on disk under
+  // .thaw/dropped/): while any is here the model is incomplete, whatever `files` says.
+  std::set<std::string, std::less<>> dropped;
 };
 
 struct HostCacheState {
@@ -42,6 +46,14 @@ struct HostCacheState {
   std::map<std::string, ModelEntry, std::less<>> models;  // guarded by mutex
   uint64_t used = 0;                                      // guarded by mutex
 };
+
+// Marks `relative_path` of the model as dropped (in memory and on disk), or clears the mark
+// once the file exists again. Best effort on disk: a failed write only loses the mark over a
+// restart.
+void mark_dropped(HostCacheState& state, const std::string& key, ModelEntry& model,
+                  const std::string& relative_path);
+void clear_dropped(HostCacheState& state, const std::string& key, ModelEntry& model,
+                   const std::string& relative_path);
 
 // Scans config.root into an empty state (no locking: nobody else sees it yet). Fails
 // only when the root cannot be read at all; bad entries are dropped and reported.

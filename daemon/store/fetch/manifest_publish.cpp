@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "common/safetensors/header.hpp"
+#include "common/safetensors/model.hpp"
 #include "daemon/store/cache/unique_fd.hpp"
 #include "daemon/store/fetch/sha256.hpp"
 #include "daemon/store/fetch/sha256_chain.hpp"
@@ -67,6 +69,38 @@ std::expected<ManifestFile, PublishError> hash_file(const fs::path& path, std::s
   return file;
 }
 
+// The fetch side's checks, run before anything is hashed: every *.safetensors file's header
+// must pass the strict parser (offsets inside the file, no overlap or gap, known dtypes,
+// sizes that match shapes), and the model as a whole (index against shards, config.json)
+// must assemble. A manifest vouches for a model; it must never vouch for one no fetch can
+// use.
+std::expected<void, PublishError> check_weights(
+    const fs::path& dir, const std::vector<std::pair<std::string, fs::path>>& files) {
+  const auto refuse = [&](const std::string& problem) {
+    return failure(
+        fmt::format("{}; a fetch refuses such a model, so no manifest was written — "
+                    "regenerate or re-download the file, then publish again",
+                    problem));
+  };
+  for (const auto& [relative, path] : files) {
+    if (!relative.ends_with(".safetensors")) continue;
+    auto header = safetensors::read_header(path, relative);
+    if (!header) {
+      return refuse(fmt::format("{}/{} ({})", dir.string(), header.error().message,
+                                safetensors::errc_name(header.error().code)));
+    }
+  }
+  std::error_code ec;
+  if (fs::is_regular_file(dir / safetensors::kSingleFileName, ec) ||
+      fs::is_regular_file(dir / safetensors::kIndexFileName, ec)) {
+    if (auto model = safetensors::Model::open(dir); !model) {
+      return refuse(fmt::format("{} ({})", model.error().message,
+                                safetensors::errc_name(model.error().code)));
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 std::expected<Manifest, PublishError> make_manifest(const fs::path& dir,
@@ -96,6 +130,7 @@ std::expected<Manifest, PublishError> make_manifest(const fs::path& dir,
     files.emplace_back(std::move(relative), path);
   }
   std::sort(files.begin(), files.end());
+  if (auto ok = check_weights(dir, files); !ok) return std::unexpected(ok.error());
 
   Manifest manifest;
   std::vector<std::byte> buffer(static_cast<std::size_t>(

@@ -33,7 +33,10 @@ struct PublishError {
 
 // The manifest of every regular file under `dir` (symlinks followed, as in a Hugging Face
 // snapshot), sorted by path; hidden directories (.git, .cache) and the manifest itself
-// are left out. Reads every byte once.
+// are left out. Reads every byte once. Refuses, naming the file and the rule broken, a
+// model the fetch side would refuse: any *.safetensors file the strict parser rejects
+// (bad header, unknown dtype, overlapping or out-of-bounds offsets, ...), or weights that
+// do not assemble (an index naming a missing shard or tensor).
 std::expected<Manifest, PublishError> make_manifest(const std::filesystem::path& dir,
                                                     const PublishOptions& options = {});
 

@@ -3,6 +3,8 @@
 #include "daemon/config/thawd_config.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -103,6 +105,75 @@ TEST(ThawdConfig, ErrorsNameFileLineKeyAndFix) {
     }
     EXPECT_EQ(parsed.error().message.find('\n'), std::string::npos) << parsed.error().message;
   }
+}
+
+TEST(ThawdConfig, NonFiniteNumbersAreRefused) {
+  // NaN fails every comparison, so it passed a "not outside (0, 1]" check and thawd aborted
+  // sizing the GPU pool; TOML spells it nan, +nan, -nan, and infinities inf, +inf, -inf.
+  for (const char* value : {"nan", "+nan", "-nan", "inf", "+inf", "-inf"}) {
+    const std::string text = std::string("[gpu]\npool_share = ") + value + "\n";
+    auto parsed = parse_config(text, "bad.toml");
+    ASSERT_FALSE(parsed) << value;
+    EXPECT_NE(parsed.error().message.find("bad.toml:2:"), std::string::npos)
+        << parsed.error().message;
+    EXPECT_NE(parsed.error().message.find("gpu.pool_share"), std::string::npos)
+        << parsed.error().message;
+    EXPECT_NE(parsed.error().message.find("finite"), std::string::npos) << parsed.error().message;
+  }
+  auto fine = parse_config("[gpu]\npool_share = 1\n", "ok.toml");
+  ASSERT_TRUE(fine) << fine.error().message;
+  EXPECT_EQ(fine->pool_share, 1.0);
+}
+
+TEST(ThawdConfig, ACacheBudgetBelowOneMiBIsRefused) {
+  // "1" is a typo for a size, and the start-up re-index would evict everything cached.
+  for (const char* value : {"1", "\"1\"", "\"1KiB\"", "\"1048575B\""}) {
+    const std::string text = std::string("[store]\ncache_budget = ") + value + "\n";
+    auto parsed = parse_config(text, "bad.toml");
+    ASSERT_FALSE(parsed) << value;
+    EXPECT_NE(parsed.error().message.find("store.cache_budget"), std::string::npos);
+    EXPECT_NE(parsed.error().message.find("at least \"1MiB\""), std::string::npos)
+        << parsed.error().message;
+  }
+  auto smallest = parse_config("[store]\ncache_budget = \"1MiB\"\n", "ok.toml");
+  ASSERT_TRUE(smallest) << smallest.error().message;
+  EXPECT_EQ(smallest->cache_budget_bytes, kMinCacheBudgetBytes);
+}
+
+TEST(ThawdConfig, AMissingFileGivenExplicitlyIsAnError) {
+  auto c = load_config("/nonexistent/thawd.toml", ConfigFile::required);
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("/nonexistent/thawd.toml: no such file"), std::string::npos)
+      << c.error().message;
+}
+
+TEST(ThawdConfig, OnlyRegularFilesAreRead) {
+  // /dev/zero would be read without end and a FIFO would block the open forever: both are
+  // refused before any read, whether the path was given or not.
+  for (ConfigFile need : {ConfigFile::optional, ConfigFile::required}) {
+    auto zero = load_config("/dev/zero", need);
+    ASSERT_FALSE(zero);
+    EXPECT_NE(zero.error().message.find("/dev/zero: is not a regular file"), std::string::npos)
+        << zero.error().message;
+  }
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("thawd-config-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto fifo = dir / "fifo.toml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto piped = load_config(fifo, ConfigFile::required);
+  ASSERT_FALSE(piped);
+  EXPECT_NE(piped.error().message.find("not a regular file"), std::string::npos)
+      << piped.error().message;
+
+  // A regular file larger than any configuration is refused too, naming the limit.
+  const auto big = dir / "big.toml";
+  std::ofstream(big) << std::string(kMaxConfigBytes + 1, '#');
+  auto large = load_config(big, ConfigFile::required);
+  ASSERT_FALSE(large);
+  EXPECT_NE(large.error().message.find("more than a configuration file can be"), std::string::npos)
+      << large.error().message;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ThawdConfig, ADirectoryIsNotAConfigFile) {

@@ -298,6 +298,73 @@ TEST_F(HostCacheTest, ReindexKeepsCompleteAndPartialFilesAndDropsTheRest) {
   EXPECT_TRUE((*failed)->readiness().resume_filling());
 }
 
+TEST_F(HostCacheTest, AFileDroppedAtStartUpLeavesItsModelIncompleteUntilCreatedAgain) {
+  // A model whose damaged file the re-index deleted was listed with its other files only,
+  // all complete: thawd called it complete and a prewarm failed instead of refetching.
+  auto state_of = [](const HostCache& cache, const std::string& path) {
+    for (const auto& m : cache.models()) {
+      for (const auto& f : m.files) {
+        if (m.key == "m" && f.relative_path == path) return std::pair{f.state, f.dropped};
+      }
+    }
+    return std::pair{FillState::filling, false};
+  };
+  {
+    auto cache = open(1 << 20);
+    for (const char* path : {"a", "b"}) {
+      auto f = cache.open_file("m", path, kSmall);
+      ASSERT_TRUE(f);
+      fill(**f, 3);
+    }
+  }
+  {
+    std::fstream map(root / "m/.thaw/ready/b", std::ios::in | std::ios::out | std::ios::binary);
+    map.write("garbage!", 8);
+  }
+  {
+    auto cache = open(1 << 20);
+    EXPECT_EQ(cache.reindex_report().incomplete, std::vector<std::string>{"m"});
+    ASSERT_EQ(cache.models().size(), 1u);
+    EXPECT_EQ(cache.models()[0].files.size(), 2u) << "the dropped file is still listed";
+    EXPECT_EQ(state_of(cache, "a"), std::pair(FillState::complete, false));
+    EXPECT_EQ(state_of(cache, "b"), std::pair(FillState::failed, true));
+    EXPECT_FALSE(cache.find_file("m", "b")) << "nothing to read until it is fetched again";
+  }
+  {
+    // A restart before any refetch still knows the model lacks b.
+    auto cache = open(1 << 20);
+    EXPECT_EQ(cache.reindex_report().incomplete, std::vector<std::string>{"m"});
+    EXPECT_TRUE(cache.reindex_report().dropped.empty()) << "nothing new was deleted";
+    EXPECT_EQ(state_of(cache, "b"), std::pair(FillState::failed, true));
+    // The fetch creates it afresh (no conflict with the mark) and the mark goes.
+    auto b = cache.open_file("m", "b", kSmall);
+    ASSERT_TRUE(b) << b.error().message;
+    EXPECT_EQ((*b)->readiness().verified_chunks(), 0u);
+    EXPECT_EQ(state_of(cache, "b"), std::pair(FillState::filling, false));
+    fill(**b, 3);
+  }
+  auto cache = open(1 << 20);
+  EXPECT_TRUE(cache.reindex_report().incomplete.empty());
+  EXPECT_EQ(state_of(cache, "b"), std::pair(FillState::complete, false));
+  EXPECT_FALSE(fs::exists(root / "m/.thaw/dropped/b"));
+}
+
+TEST_F(HostCacheTest, AFileDamagedWhileRunningLeavesItsModelIncomplete) {
+  auto cache = open(1 << 20);
+  for (const char* path : {"a", "b"}) {
+    auto f = cache.open_file("m", path, kSmall);
+    ASSERT_TRUE(f);
+    fill(**f, 5);
+  }
+  fs::resize_file(root / "m/.thaw/ready/a", 10);
+  EXPECT_FALSE(cache.find_file("m", "a"));  // found damaged: deleted
+  const auto models = cache.models();
+  ASSERT_EQ(models.size(), 1u);
+  ASSERT_EQ(models[0].files.size(), 2u);
+  EXPECT_TRUE(models[0].files[0].dropped);
+  EXPECT_EQ(models[0].files[0].state, FillState::failed);
+}
+
 TEST_F(HostCacheTest, LruOrderSurvivesARestart) {
   {
     auto cache = open(1 << 20);

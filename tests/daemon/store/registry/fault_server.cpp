@@ -96,9 +96,15 @@ ServerFault FaultServer::next_fault() {
   return fault;
 }
 
-void FaultServer::record(ServedRequest request) {
+std::size_t FaultServer::record(ServedRequest request) {
   std::lock_guard lock(mutex_);
   requests_.push_back(std::move(request));
+  return requests_.size() - 1;
+}
+
+void FaultServer::correct_body_bytes(std::size_t index, std::uint64_t sent) {
+  std::lock_guard lock(mutex_);
+  requests_[index].body_bytes_sent = sent;
 }
 
 bool FaultServer::wait_readable(int fd) const {
@@ -167,12 +173,15 @@ void FaultServer::serve(int fd) {
     ServerFault fault = next_fault();
     request.fault = fault.kind;
 
+    // Every request is recorded before the first byte of its answer leaves: a client that
+    // has its answer may finish (and its test read requests()) at once, so a record made
+    // after the send could be missing then.
     if (fault.kind == ServerFault::Kind::status) {
       std::string body = fmt::format("status {}\n", fault.status);
       std::string answer = fmt::format("HTTP/1.1 {} Injected\r\nContent-Length: {}\r\n\r\n{}",
                                        fault.status, body.size(), body);
-      keep_open = send_all(fd, answer.data(), answer.size());
       record(std::move(request));
+      keep_open = send_all(fd, answer.data(), answer.size());
       continue;
     }
     std::uint64_t first = 0;
@@ -186,8 +195,8 @@ void FaultServer::serve(int fd) {
             "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */{}\r\n"
             "Content-Length: 0\r\n\r\n",
             size);
-        keep_open = send_all(fd, answer.data(), answer.size());
         record(std::move(request));
+        keep_open = send_all(fd, answer.data(), answer.size());
         continue;
       }
       if (fault.kind == ServerFault::Kind::short_206) {
@@ -201,20 +210,23 @@ void FaultServer::serve(int fd) {
                       "Content-Length: {}\r\n\r\n",
                       first, last, size, length)
                 : fmt::format("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", length);
-    if (!send_all(fd, answer.data(), answer.size()) || method == "HEAD") {
-      record(std::move(request));
-      if (method == "HEAD") continue;
-      break;
-    }
-    std::uint64_t to_send = length;
+    std::uint64_t to_send = method == "HEAD" ? 0 : length;
     bool cut = fault.kind == ServerFault::Kind::reset_after ||
                fault.kind == ServerFault::Kind::close_after ||
                fault.kind == ServerFault::Kind::stall_after;
-    if (cut) to_send = std::min(length, fault.after);
+    if (cut) to_send = std::min(to_send, fault.after);
+    request.body_bytes_sent = to_send;  // corrected below if the send fails
+    const std::size_t index = record(std::move(request));
+    if (!send_all(fd, answer.data(), answer.size())) {
+      correct_body_bytes(index, 0);
+      break;
+    }
+    if (method == "HEAD") continue;
     bool sent = send_all(fd, content_.data() + first, static_cast<std::size_t>(to_send));
-    request.body_bytes_sent = sent ? to_send : 0;
-    record(std::move(request));
-    if (!sent) break;
+    if (!sent) {
+      correct_body_bytes(index, 0);
+      break;
+    }
     if (fault.kind == ServerFault::Kind::reset_after) {
       linger hard{1, 0};  // close() then sends RST instead of FIN
       ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);

@@ -38,7 +38,7 @@ struct ServedRequest {
   std::optional<std::uint64_t> range_first;
   std::optional<std::uint64_t> range_last;
   ServerFault::Kind fault = ServerFault::Kind::none;
-  std::uint64_t body_bytes_sent = 0;
+  std::uint64_t body_bytes_sent = 0;  // meant to be sent; 0 once a send failed
 };
 
 class FaultServer {
@@ -59,7 +59,9 @@ class FaultServer {
   void serve(int fd);
   ServerFault next_fault();
   bool wait_readable(int fd) const;  // false when stopping or the peer is gone
-  void record(ServedRequest request);
+  // Before the answer is sent (see serve()); returns its index for correct_body_bytes.
+  std::size_t record(ServedRequest request);
+  void correct_body_bytes(std::size_t index, std::uint64_t sent);
 
   std::vector<std::byte> content_;
   int listen_fd_ = -1;

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -47,6 +49,34 @@ bool accepts_connections(std::uint16_t port) {
   bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   ::close(fd);
   return ok;
+}
+
+// How many requests nginx has taken since it started (stub_status's "requests"; this query
+// included), or nullopt if it does not answer.
+std::optional<std::uint64_t> requests_taken(std::uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  std::string reply;
+  const std::string query =
+      fmt::format("GET {} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", NginxServer::kStatusPath);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::send(fd, query.data(), query.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(query.size())) {
+    char buf[1024];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) reply.append(buf, n);
+  }
+  ::close(fd);
+  // "...\nserver accepts handled requests\n A H R \n..."
+  const auto at = reply.find("requests\n");
+  if (at == std::string::npos) return std::nullopt;
+  std::istringstream numbers(reply.substr(at + 9));
+  std::uint64_t accepted = 0, handled = 0, requests = 0;
+  if (!(numbers >> accepted >> handled >> requests)) return std::nullopt;
+  return requests;
 }
 
 }  // namespace
@@ -96,12 +126,16 @@ http {{
       autoindex on;
       autoindex_format json;
     }}
+    location = {status} {{
+      stub_status;
+      access_log off;
+    }}
     {extra}
   }}
 }}
 )",
                       fmt::arg("dir", dir), fmt::arg("port", port_),
-                      fmt::arg("root", options_.root.string()),
+                      fmt::arg("root", options_.root.string()), fmt::arg("status", kStatusPath),
                       fmt::arg("extra", options_.server_extra));
 }
 
@@ -146,6 +180,8 @@ bool NginxServer::try_start() {
     ::_exit(127);
   }
   pid_ = pid;
+  status_queries_ = 0;
+  log_lines_at_start_ = read_access_log().size();
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
@@ -177,6 +213,24 @@ void NginxServer::stop() {
 }
 
 std::vector<std::string> NginxServer::access_log() const {
+  // nginx writes a request's line after it sent the answer, so a client that has its answer
+  // can be quicker than the line: wait until every request nginx has taken is logged.
+  if (!running()) return read_access_log();
+  const auto taken = requests_taken(port_);
+  if (!taken) return read_access_log();
+  ++status_queries_;  // not logged (access_log off), but counted by nginx
+  const std::size_t expected = log_lines_at_start_ + (*taken - status_queries_);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  for (;;) {
+    auto lines = read_access_log();
+    // A request still being answered (a stalled or rate-limited transfer) is logged only
+    // when it ends: after the deadline, what is there is the answer.
+    if (lines.size() >= expected || std::chrono::steady_clock::now() > deadline) return lines;
+    std::this_thread::sleep_for(2ms);
+  }
+}
+
+std::vector<std::string> NginxServer::read_access_log() const {
   std::vector<std::string> lines;
   std::ifstream in(dir_.path() / "access.log");
   for (std::string line; std::getline(in, line);) lines.push_back(line);

@@ -35,17 +35,25 @@ class NginxServer {
   std::uint16_t port() const { return port_; }
   std::string base_url() const;  // http://127.0.0.1:<port>
 
-  // access.log lines: "<method> <uri> "<Range header>" <status> <body bytes sent>"
+  // access.log lines: "<method> <uri> "<Range header>" <status> <body bytes sent>", once
+  // every request nginx has taken so far is in it (nginx logs after answering; a client can
+  // be faster than that). Requests to kStatusPath are not logged.
   std::vector<std::string> access_log() const;
+
+  // nginx's stub_status, which access_log() asks how many requests it has taken.
+  static constexpr const char* kStatusPath = "/.thaw-test-nginx-status";
 
  private:
   void write_config() const;
   bool try_start();  // false if nginx exited at once (e.g. port taken)
+  std::vector<std::string> read_access_log() const;
 
   NginxOptions options_;
   TempDir dir_;
   std::uint16_t port_ = 0;
   pid_t pid_ = -1;
+  std::size_t log_lines_at_start_ = 0;        // the log outlives a restart, nginx's count does not
+  mutable std::uint64_t status_queries_ = 0;  // since this start: counted by nginx, not logged
 };
 
 // A port nobody listens on right now.
