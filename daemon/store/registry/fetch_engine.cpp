@@ -334,8 +334,16 @@ void FetchEngine::step_local(FetchClock::time_point now) {
   for (std::size_t i = 0; i < local_.size();) {
     FetchPart& part = *local_[i];
     const std::size_t cls = index_of(part.request->spec.cls);
+    // A local copy is paced by its class's rate limit like a download (store.max_rate
+    // holds for a local-directory registry too): one slice while the bucket has tokens.
+    TokenBucket& bucket = buckets_[cls];
+    if (bucket.limited() && !bucket.has_tokens(now)) {
+      ++i;
+      continue;
+    }
     LocalSliceResult slice =
         copy_local_slice(part, sink_, local_buffer_, config_.local_slice_bytes);
+    if (bucket.limited()) (void)bucket.try_take(slice.copied, now);
     counters_.bytes_done += slice.copied;
     counters_.per_class[cls].bytes_done += slice.copied;
     if (!slice.fault && part.next < part.range.end()) {
@@ -666,8 +674,13 @@ int FetchEngine::on_request_ready(FetchPart& part, int local_port, int remote_po
 }
 
 int FetchEngine::poll_timeout_ms(FetchClock::time_point now) {
-  if (!local_.empty() || startable_changed_) return 0;
+  if (startable_changed_) return 0;
   std::chrono::nanoseconds timeout = 1s;
+  for (const auto& part : local_) {
+    TokenBucket& bucket = buckets_[index_of(part->request->spec.cls)];
+    if (!bucket.limited() || bucket.has_tokens(now)) return 0;  // a slice to copy now
+    timeout = std::min(timeout, bucket.time_until(1, now));
+  }
   if (!active_.empty()) {
     // Wake often enough to notice stalls and to sample the rate.
     auto stall_tick = std::clamp<std::chrono::nanoseconds>(config_.stall_timeout / 4, 10ms, 100ms);
