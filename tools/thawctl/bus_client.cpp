@@ -30,6 +30,10 @@ std::string why(const sd_bus_error& e, int r) {
 
 }  // namespace
 
+// GetAll; nullopt only when `may_be_gone` and the object does not exist.
+std::optional<nlohmann::json> read_all(sd_bus* bus, const std::string& path, const char* interface,
+                                       bool may_be_gone);
+
 Bus connect(const std::string& which) {
   sd_bus* bus = nullptr;
   int r = 0;
@@ -52,10 +56,24 @@ Bus connect(const std::string& which) {
 }
 
 nlohmann::json get_all(sd_bus* bus, const std::string& path, const char* interface) {
+  return read_all(bus, path, interface, false).value();
+}
+
+std::optional<nlohmann::json> get_all_if_present(sd_bus* bus, const std::string& path,
+                                                 const char* interface) {
+  return read_all(bus, path, interface, true);
+}
+
+std::optional<nlohmann::json> read_all(sd_bus* bus, const std::string& path, const char* interface,
+                                       bool may_be_gone) {
   sd_bus_error error = SD_BUS_ERROR_NULL;
   sd_bus_message* raw = nullptr;
   int r = sd_bus_call_method(bus, kService, path.c_str(), "org.freedesktop.DBus.Properties",
                              "GetAll", &error, &raw, "s", interface);
+  if (r < 0 && may_be_gone && sd_bus_error_has_name(&error, SD_BUS_ERROR_UNKNOWN_OBJECT)) {
+    sd_bus_error_free(&error);
+    return std::nullopt;
+  }
   if (r < 0) fail_call(fmt::format("reading {}", path), error, r);
   Reply reply(raw);
   nlohmann::json out = nlohmann::json::object();

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 namespace thawctl {
@@ -39,6 +40,10 @@ Bus connect(const std::string& which);
 
 // Every property of `interface` at `path`, as a JSON object (names as on the bus).
 nlohmann::json get_all(sd_bus* bus, const std::string& path, const char* interface);
+// The same, or nullopt when the object is gone (a slot reaped or a model evicted between a
+// listing and this read: not an error of the command that asked).
+std::optional<nlohmann::json> get_all_if_present(sd_bus* bus, const std::string& path,
+                                                 const char* interface);
 
 struct MessageUnref {
   void operator()(sd_bus_message* m) const { sd_bus_message_unref(m); }

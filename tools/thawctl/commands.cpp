@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <thread>
 
@@ -13,6 +15,7 @@ namespace thawctl {
 namespace {
 
 using thaw::text::format_bytes;
+using thaw::text::format_duration;
 using namespace std::chrono_literals;
 
 std::string bytes(const nlohmann::json& v) {
@@ -65,17 +68,71 @@ nlohmann::json follow(sd_bus* bus, const std::string& path, const char* interfac
   }
 }
 
+// A Model object's properties as thawctl prints them with --json: snake_case, as every
+// other command's JSON (the bus's names are CamelCase).
+nlohmann::json model_json(const nlohmann::json& p) {
+  return {{"key", p.value("Key", std::string())},
+          {"name", p.value("Name", std::string())},
+          {"state", p.value("State", std::string())},
+          {"integrity", p.value("Integrity", std::string("verified"))},
+          {"fetched_bytes", p.value("FetchedBytes", std::uint64_t{0})},
+          {"total_bytes", p.value("TotalBytes", std::uint64_t{0})},
+          {"rate_bytes_per_s", p.value("Rate", 0.0)},
+          {"files", p.value("Files", std::uint32_t{0})},
+          {"error", p.value("Error", std::string())}};
+}
+
+nlohmann::json slot_json(const nlohmann::json& p) {
+  return {{"id", p.value("Id", std::string())},
+          {"gpu", p.value("Gpu", std::uint32_t{0})},
+          {"model", p.value("Model", std::string())},
+          {"state", p.value("State", std::string())},
+          {"resident_bytes", p.value("ResidentBytes", std::uint64_t{0})},
+          {"total_bytes", p.value("TotalBytes", std::uint64_t{0})},
+          {"owner", p.value("Owner", std::string())},
+          {"layout", p.value("Layout", std::string())},
+          {"error", p.value("Error", std::string())}};
+}
+
+// "[#########...........]  45 %  1.2 GiB of 2.7 GiB  310 MiB/s  ETA 5 s", or "resolving…"
+// while the total is not known yet (the fetch is listing the model or reading headers).
+std::string transfer_text(double done, double total, double rate) {
+  if (total <= 0) return "resolving…";
+  constexpr int kWidth = 24;
+  const double share = std::clamp(done / total, 0.0, 1.0);
+  const int filled = static_cast<int>(share * kWidth);
+  std::string text = fmt::format("[{}{}] {:3.0f} %  {} of {}", std::string(filled, '#'),
+                                 std::string(kWidth - filled, '.'), 100.0 * share,
+                                 format_bytes(done), format_bytes(total));
+  if (rate > 0) {
+    text += fmt::format("  {}/s", format_bytes(rate));
+    if (done < total) text += fmt::format("  ETA {}", format_duration((total - done) / rate));
+  }
+  return text;
+}
+
 std::string model_line(const nlohmann::json& p) {
-  const double total = p["TotalBytes"].get<double>();
-  const double done = p["FetchedBytes"].get<double>();
-  return fmt::format("{} {} {} of {} ({:.0f} %) {}/s", p["Key"].get<std::string>(),
-                     p["State"].get<std::string>(), format_bytes(done), format_bytes(total),
-                     total > 0 ? 100.0 * done / total : 0.0, format_bytes(p["Rate"].get<double>()));
+  const std::string state = p["State"].get<std::string>();
+  if (state != "fetching") {
+    return fmt::format("{} {} {}", p["Key"].get<std::string>(), state,
+                       format_bytes(p["FetchedBytes"].get<double>()));
+  }
+  return fmt::format("{} {}", p["Key"].get<std::string>(),
+                     transfer_text(p["FetchedBytes"].get<double>(), p["TotalBytes"].get<double>(),
+                                   p["Rate"].get<double>()));
 }
 
 int finish_model(const nlohmann::json& p, const Options& o) {
-  if (o.json) fmt::print("{}\n", p.dump());
-  if (p["State"] == "complete") return kExitOk;
+  if (o.json) fmt::print("{}\n", model_json(p).dump());
+  if (p["State"] == "complete") {
+    if (!o.json && p.value("Integrity", std::string()) == "unverified") {
+      fmt::print(stderr,
+                 "thawctl: warning: {} is unverified: it was published without "
+                 "thaw-manifest.json, so its bytes were not checked (store.allow_unverified)\n",
+                 p["Key"].get<std::string>());
+    }
+    return kExitOk;
+  }
   fmt::print(stderr, "thawctl: fetching {} failed: {}\n", p["Key"].get<std::string>(),
              p["Error"].get<std::string>());
   return kExitFailed;
@@ -164,11 +221,13 @@ int slots(sd_bus* bus, const Options& o) {
         return r;
       });
   // Which layout each slot holds, and which engine holds it: from the slot objects.
-  nlohmann::json slots = out;
-  for (auto& s : slots) {
-    const nlohmann::json p = get_all(bus, s["path"].get<std::string>(), "org.thaw.Node1.Slot");
-    s["layout"] = p.value("Layout", std::string());
-    s["owner"] = p.value("Owner", std::string());
+  nlohmann::json slots = nlohmann::json::array();
+  for (nlohmann::json s : out) {
+    auto p = get_all_if_present(bus, s["path"].get<std::string>(), "org.thaw.Node1.Slot");
+    if (!p) continue;  // evicted since ListSlots
+    s["layout"] = p->value("Layout", std::string());
+    s["owner"] = p->value("Owner", std::string());
+    slots.push_back(std::move(s));
   }
   if (o.json) {
     fmt::print("{}\n", slots.dump());
@@ -182,7 +241,7 @@ int slots(sd_bus* bus, const Options& o) {
                s["state"].get<std::string>(), s["layout"].get<std::string>(),
                bytes(s["resident_bytes"]), bytes(s["total_bytes"]), s["owner"].get<std::string>());
   }
-  if (out.empty()) fmt::print("(no prewarm slots: thawctl prewarm MODEL makes one)\n");
+  if (slots.empty()) fmt::print("(no prewarm slots: thawctl prewarm MODEL makes one)\n");
   return kExitOk;
 }
 
@@ -206,17 +265,33 @@ nlohmann::json list_models(sd_bus* bus) {
 }
 
 int models(sd_bus* bus, const Options& o) {
-  const nlohmann::json out = list_models(bus);
+  nlohmann::json out = nlohmann::json::array();
+  // Whether each was verified: from the model objects (ListModels predates it).
+  for (auto& m : list_models(bus)) {
+    auto p = get_all_if_present(bus, m["path"].get<std::string>(), "org.thaw.Node1.Model");
+    if (!p) continue;  // evicted since ListModels
+    m["integrity"] = p->value("Integrity", std::string("verified"));
+    out.push_back(std::move(m));
+  }
   if (o.json) {
     fmt::print("{}\n", out.dump());
     return kExitOk;
   }
-  fmt::print("{:<40} {:<10} {:>12} {:>12}\n", "MODEL", "STATE", "FETCHED", "SIZE");
+  fmt::print("{:<40} {:<10} {:<10} {:>12} {:>12}\n", "MODEL", "STATE", "INTEGRITY", "FETCHED",
+             "SIZE");
+  bool unverified = false;
   for (const auto& m : out) {
-    fmt::print("{:<40} {:<10} {:>12} {:>12}\n", m["key"].get<std::string>(),
-               m["state"].get<std::string>(), bytes(m["fetched_bytes"]), bytes(m["total_bytes"]));
+    unverified = unverified || m["integrity"] == "unverified";
+    fmt::print("{:<40} {:<10} {:<10} {:>12} {:>12}\n", m["key"].get<std::string>(),
+               m["state"].get<std::string>(), m["integrity"].get<std::string>(),
+               bytes(m["fetched_bytes"]), bytes(m["total_bytes"]));
   }
   if (out.empty()) fmt::print("(nothing cached: thawctl fetch MODEL)\n");
+  if (unverified) {
+    fmt::print(
+        "(unverified: published without thaw-manifest.json, so nothing checked the "
+        "bytes; re-publish with thaw-fetch publish)\n");
+  }
   return kExitOk;
 }
 
@@ -270,7 +345,7 @@ int prewarm(sd_bus* bus, const std::string& model, const Options& o) {
                            s["Model"].get<std::string>(), s["State"].get<std::string>(),
                            bytes(s["ResidentBytes"]), bytes(s["TotalBytes"]));
       });
-  if (o.json) fmt::print("{}\n", p.dump());
+  if (o.json) fmt::print("{}\n", slot_json(p).dump());
   if (p["State"] == "failed") {
     fmt::print(stderr, "thawctl: prewarming {} failed: {}\n", model, p["Error"].get<std::string>());
     return kExitFailed;
@@ -286,7 +361,11 @@ int slot_action(sd_bus* bus, const char* method, const std::string& slot, const 
     }
     return sd_bus_message_append(m, "s", slot.c_str());
   });
-  if (o.json) fmt::print("{}\n", nlohmann::json{{"slot", slot}, {"done", method}}.dump());
+  if (o.json) {
+    std::string action(method);
+    std::ranges::transform(action, action.begin(), [](unsigned char c) { return std::tolower(c); });
+    fmt::print("{}\n", nlohmann::json{{"slot", slot}, {"done", action}}.dump());
+  }
   return kExitOk;
 }
 
