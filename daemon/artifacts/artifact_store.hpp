@@ -8,14 +8,28 @@
 // same model, GPU and driver. The document is JSON and must carry that identity itself
 // (`"identity": {...}`): a document that says something else is refused, not stored.
 // Writes are atomic (temporary file, fsync, rename): a crash leaves the old artifact or
-// the new one, never half of either. A later put of the same key replaces the earlier.
+// the new one, never half of either.
+//
+// Records are kept per configuration too: the same engine binary run as `generate` and as
+// `serve` (another command line) allocates differently, so each keeps its own record rather
+// than invalidating the other's at every switch. The shim server passes the engine's
+// command line as `config`.
+//
+// A good record is not replaced by a worse one. For documents with an "allocations"
+// sequence (layout records), a put whose sequence only extends the stored one replaces it
+// (the run went further); one that diverges from it is kept aside as a candidate, and
+// replaces the record only when the next diverging run agrees with it — so one crashed or
+// odd run never costs the runs after it their zero-copy, while an engine whose behaviour
+// really changed gets a new record after two runs. Documents without a sequence replace.
 #pragma once
 
 #include <cstdint>
 #include <expected>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -40,6 +54,20 @@ struct ArtifactIdentity {
 ServiceResult<ArtifactIdentity> parse_artifact_identity(const nlohmann::json& kind,
                                                         const nlohmann::json& identity);
 
+enum class ArtifactPut {
+  stored,     // there was none for this key
+  replaced,   // the new one extends the stored one (or neither has a sequence)
+  kept,       // the new one is a prefix of the stored one: nothing new, the record stays
+  candidate,  // it diverges: kept aside, the record stays
+  promoted,   // it diverges the same way the candidate did: it is the record now
+};
+std::string_view to_string(ArtifactPut outcome);
+
+struct ArtifactPutResult {
+  std::string key;
+  ArtifactPut outcome = ArtifactPut::stored;
+};
+
 struct StoredArtifact {
   std::string key;
   UniqueFd fd;  // read-only, positioned at 0
@@ -53,21 +81,30 @@ class ArtifactStore {
   // Nothing is created until the first put.
   explicit ArtifactStore(std::filesystem::path state_dir);
 
-  // "<kind>-<32 hex digits of the identity's SHA-256>".
-  static std::string key(const ArtifactIdentity& identity);
+  // "<kind>-<32 hex digits of the SHA-256 of the identity and config>".
+  static std::string key(const ArtifactIdentity& identity, std::string_view config = {});
 
-  // Stores the `bytes` bytes readable at offset 0 of `fd` (a memfd from the shim).
-  ServiceResult<std::string> put(const ArtifactIdentity& identity, int fd, std::uint64_t bytes);
-  ServiceResult<StoredArtifact> get(const ArtifactIdentity& identity) const;
+  // Stores the `bytes` bytes readable at offset 0 of `fd` (a memfd from the shim), as the
+  // record of `identity` run with `config`, or aside (see above).
+  ServiceResult<ArtifactPutResult> put(const ArtifactIdentity& identity, int fd,
+                                       std::uint64_t bytes, std::string_view config = {});
+  // The record (never a candidate). Marks it the most recently used, for newest_for_model.
+  ServiceResult<StoredArtifact> get(const ArtifactIdentity& identity,
+                                    std::string_view config = {}) const;
 
-  // The newest artifact of `kind` recorded for model `model` by any engine (its document),
-  // or nullopt. Documents that do not parse, or are over the size cap, are skipped.
+  // The most recently stored or used record of `kind` for model `model` by any engine and
+  // configuration (its document), or nullopt; prewarm builds a slot's engine layout from
+  // it. Candidates, documents that do not parse and ones over the size cap are skipped.
   std::optional<std::string> newest_for_model(const std::string& kind,
                                               const std::string& model) const;
 
   const std::filesystem::path& directory() const { return dir_; }
 
  private:
+  // The most recently modified record of `kind` whose identity `wanted` accepts.
+  std::optional<std::filesystem::path> newest_path(
+      const std::string& kind, const std::function<bool(const nlohmann::json&)>& wanted) const;
+
   std::filesystem::path dir_;
 };
 

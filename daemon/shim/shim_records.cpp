@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <fstream>
+#include <iterator>
+#include <span>
 #include <utility>
 
 #include "daemon/log/log.hpp"
 #include "daemon/shim/shim_server.hpp"
+#include "daemon/store/fetch/sha256.hpp"
 
 namespace thaw::daemon {
 
@@ -27,6 +31,18 @@ const nlohmann::json& field_or_null(const nlohmann::json& body, const char* name
   return it == body.end() ? null : *it;
 }
 
+// What tells one configuration of an engine binary from another: its command line
+// (`generate` and `serve`, another batch size...), hashed. Read from /proc while the engine
+// is connected (it is alive: it reports at exit, before it is gone). "" when unreadable:
+// then records are shared by every configuration, as before configurations existed.
+std::string engine_config(pid_t pid) {
+  if (pid <= 0) return {};
+  std::ifstream in(fmt::format("/proc/{}/cmdline", pid), std::ios::binary);
+  std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (cmdline.empty()) return {};
+  return "cmdline " + store::sha256_hex(std::as_bytes(std::span(cmdline))).substr(0, 32);
+}
+
 }  // namespace
 
 bool ShimServer::handle_report_artifact(Connection& c, proto::Received& in) {
@@ -36,27 +52,27 @@ bool ShimServer::handle_report_artifact(Connection& c, proto::Received& in) {
   auto id =
       parse_artifact_identity(field_or_null(m.body, "kind"), field_or_null(m.body, "identity"));
   if (!id) return reply_error(c, m, id.error());
-  auto key = artifacts_.put(*id, in.fds.front().get(), *bytes);
-  if (!key) {
+  auto put = artifacts_.put(*id, in.fds.front().get(), *bytes, engine_config(c.peer.pid));
+  if (!put) {
     log(LogLevel::warning,
         fmt::format("shim client {}: {} artifact for {} not stored: {}", c.owner, id->kind,
-                    id->model, key.error().message),
+                    id->model, put.error().message),
         {{"MODEL", id->model}});
-    return reply_error(c, m, key.error());
+    return reply_error(c, m, put.error());
   }
   counters_.artifacts_reported.fetch_add(1);
   log(LogLevel::info,
-      fmt::format("shim client {}: stored its {} artifact for {} on {} ({} bytes, {})", c.owner,
-                  id->kind, id->model, id->gpu, *bytes, *key),
+      fmt::format("shim client {}: stored its {} artifact for {} on {} ({} bytes, {}): {}", c.owner,
+                  id->kind, id->model, id->gpu, *bytes, put->key, to_string(put->outcome)),
       {{"MODEL", id->model}});
-  return send(c, proto::reply_to(m, MessageType::ok, {{"key", *key}}));
+  return send(c, proto::reply_to(m, MessageType::ok, {{"key", put->key}}));
 }
 
 bool ShimServer::handle_get_artifact(Connection& c, const Message& m) {
   auto id =
       parse_artifact_identity(field_or_null(m.body, "kind"), field_or_null(m.body, "identity"));
   if (!id) return reply_error(c, m, id.error());
-  auto found = artifacts_.get(*id);
+  auto found = artifacts_.get(*id, engine_config(c.peer.pid));
   if (!found) return reply_error(c, m, found.error());
   counters_.artifacts_served.fetch_add(1);
   return send(

@@ -1,14 +1,18 @@
 // ArtifactStore on a real directory: put then get gives the same bytes under a key made of
-// kind + identity; a document that claims another identity, or is not JSON, is refused and
-// nothing is stored; a later put replaces atomically; a missing artifact says what happens.
+// kind + identity (+ configuration); a document that claims another identity, or is not
+// JSON, is refused and nothing is stored; a later put replaces atomically; a missing
+// artifact says what happens; a diverged or shorter layout never replaces a good one, and
+// each configuration keeps its own.
 #include "daemon/artifacts/artifact_store.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "temp_dir.hpp"
 
@@ -42,11 +46,12 @@ TEST(ArtifactStore, PutThenGetGivesTheSameBytes) {
   ArtifactStore store(dir.path() / "state");
   EXPECT_FALSE(fs::exists(dir.path() / "state")) << "created before the first put";
   const std::string doc = document(identity());
-  auto key = store.put(identity(), memfd_with(doc).get(), doc.size());
-  ASSERT_TRUE(key) << key.error().message;
-  EXPECT_EQ(*key, ArtifactStore::key(identity()));
-  EXPECT_EQ(key->rfind("layout-", 0), 0u);
-  EXPECT_TRUE(fs::exists(dir.path() / "state" / "artifacts" / (*key + ".json")));
+  auto put = store.put(identity(), memfd_with(doc).get(), doc.size());
+  ASSERT_TRUE(put) << put.error().message;
+  EXPECT_EQ(put->key, ArtifactStore::key(identity()));
+  EXPECT_EQ(put->outcome, ArtifactPut::stored);
+  EXPECT_EQ(put->key.rfind("layout-", 0), 0u);
+  EXPECT_TRUE(fs::exists(dir.path() / "state" / "artifacts" / (put->key + ".json")));
   auto got = store.get(identity());
   ASSERT_TRUE(got) << got.error().message;
   EXPECT_EQ(got->bytes, doc.size());
@@ -59,6 +64,101 @@ TEST(ArtifactStore, EachIdentityHasItsOwnKey) {
   EXPECT_NE(ArtifactStore::key(identity()), ArtifactStore::key(other));
   other = identity("another-model");
   EXPECT_NE(ArtifactStore::key(identity()), ArtifactStore::key(other));
+  EXPECT_NE(ArtifactStore::key(identity(), "cmdline a"), ArtifactStore::key(identity()));
+  EXPECT_NE(ArtifactStore::key(identity(), "cmdline a"),
+            ArtifactStore::key(identity(), "cmdline b"));
+}
+
+std::string layout(const ArtifactIdentity& id, std::vector<int> sizes) {
+  nlohmann::json allocations = nlohmann::json::array();
+  std::uint64_t offset = 0;
+  for (int size : sizes) {
+    allocations.push_back({size, offset});
+    offset += static_cast<std::uint64_t>(size);
+  }
+  return nlohmann::json{{"identity", id.to_json()}, {"allocations", allocations}}.dump();
+}
+
+std::string got_text(const ArtifactStore& store, const std::string& config = {}) {
+  auto got = store.get(identity(), config);
+  return got ? read_all(got->fd.get(), got->bytes) : std::string("(none)");
+}
+
+ArtifactPut put_text(ArtifactStore& store, const std::string& text,
+                     const std::string& config = {}) {
+  auto put = store.put(identity(), memfd_with(text).get(), text.size(), config);
+  EXPECT_TRUE(put) << put.error().message;
+  return put ? put->outcome : ArtifactPut::stored;
+}
+
+TEST(ArtifactStore, ADivergedOrShorterRunNeverReplacesAGoodLayout) {
+  thaw::testing::TempDir dir;
+  ArtifactStore store(dir.path());
+  const std::string good = layout(identity(), {10, 20, 30});
+  ASSERT_EQ(put_text(store, good), ArtifactPut::stored);
+  // A run that stopped early (a crash) and reports what it did: nothing new, kept.
+  EXPECT_EQ(put_text(store, layout(identity(), {10, 20})), ArtifactPut::kept);
+  EXPECT_EQ(got_text(store), good);
+  // One that diverged: kept aside, the good record stays what later runs get.
+  const std::string odd = layout(identity(), {10, 99});
+  EXPECT_EQ(put_text(store, odd), ArtifactPut::candidate);
+  EXPECT_EQ(got_text(store), good);
+  // Another that diverges another way replaces the candidate, not the record.
+  const std::string odd2 = layout(identity(), {10, 77});
+  EXPECT_EQ(put_text(store, odd2), ArtifactPut::candidate);
+  EXPECT_EQ(got_text(store), good);
+  // Two runs in a row that agree: the engine really changed; the record follows it.
+  EXPECT_EQ(put_text(store, odd2), ArtifactPut::promoted);
+  EXPECT_EQ(got_text(store), odd2);
+  std::size_t files = 0;
+  for (auto& e : fs::directory_iterator(dir.path() / "artifacts")) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u) << "the candidate is gone once settled";
+  // A run that went past the record's end extends it.
+  const std::string longer = layout(identity(), {10, 77, 5, 6});
+  EXPECT_EQ(put_text(store, longer), ArtifactPut::replaced);
+  EXPECT_EQ(got_text(store), longer);
+}
+
+TEST(ArtifactStore, EachConfigurationKeepsItsOwnLayout) {
+  thaw::testing::TempDir dir;
+  ArtifactStore store(dir.path());
+  const std::string generate = layout(identity(), {10, 20, 30});
+  const std::string serve = layout(identity(), {10, 20, 99, 1});
+  ASSERT_EQ(put_text(store, generate, "cmdline generate"), ArtifactPut::stored);
+  // serve's first run has none of its own: it follows generate's record...
+  EXPECT_EQ(got_text(store, "cmdline serve"), generate);
+  // ...and what it records is its own, beside generate's.
+  EXPECT_EQ(put_text(store, serve, "cmdline serve"), ArtifactPut::stored);
+  EXPECT_EQ(got_text(store, "cmdline serve"), serve);
+  EXPECT_EQ(got_text(store, "cmdline generate"), generate);
+  // Alternating never invalidates either.
+  EXPECT_EQ(put_text(store, generate, "cmdline generate"), ArtifactPut::replaced);
+  EXPECT_EQ(got_text(store, "cmdline serve"), serve);
+}
+
+TEST(ArtifactStore, PrewarmGetsTheLastUsedRecordNeverACandidate) {
+  thaw::testing::TempDir dir;
+  ArtifactStore store(dir.path());
+  const std::string a = layout(identity(), {10, 20});
+  const std::string b = layout(identity(), {10, 30});
+  ASSERT_EQ(put_text(store, a, "cmdline a"), ArtifactPut::stored);
+  ASSERT_EQ(put_text(store, b, "cmdline b"), ArtifactPut::stored);
+  // A diverged run of a, kept aside, is not what prewarm builds.
+  ASSERT_EQ(put_text(store, layout(identity(), {10, 40}), "cmdline a"), ArtifactPut::candidate);
+  auto newest = store.newest_for_model("layout", "gpt-syn");
+  ASSERT_TRUE(newest);
+  EXPECT_TRUE(*newest == a || *newest == b) << *newest;
+  // The engine that ran last used a's record: prewarm follows it.
+  const auto a_path =
+      dir.path() / "artifacts" / (ArtifactStore::key(identity(), "cmdline a") + ".json");
+  const auto b_path =
+      dir.path() / "artifacts" / (ArtifactStore::key(identity(), "cmdline b") + ".json");
+  fs::last_write_time(a_path, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  fs::last_write_time(b_path, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  EXPECT_EQ(store.newest_for_model("layout", "gpt-syn"), b);
+  ASSERT_TRUE(store.get(identity(), "cmdline a"));
+  EXPECT_EQ(store.newest_for_model("layout", "gpt-syn"), a);
+  EXPECT_FALSE(store.newest_for_model("layout", "another-model"));
 }
 
 TEST(ArtifactStore, ALaterPutReplacesTheEarlierOne) {
