@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "byte_size.hpp"
 
 namespace thaw::fetch_cli {
@@ -10,12 +12,24 @@ using nlohmann::json;
 
 std::string progress_line(std::string_view model, const store::ModelFetchProgress& p,
                           std::size_t width) {
+  // Until the headers give the plan there is no total to show a share of ("0 B / 0 B").
+  if (p.bytes_total == 0) {
+    std::string line = fmt::format("{} [{}] resolving…", model, store::to_string(p.phase));
+    if (width > 0 && line.size() > width) line.resize(width);
+    return line;
+  }
   const double fraction =
-      p.bytes_total > 0 ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total)
-                        : 0.0;
+      std::min(1.0, static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total));
+  // A bar where a terminal is wide enough for it.
+  constexpr std::size_t kBar = 20;
+  std::string bar;
+  if (width >= 100) {
+    const auto filled = static_cast<std::size_t>(fraction * kBar);
+    bar = "[" + std::string(filled, '#') + std::string(kBar - filled, '.') + "] ";
+  }
   std::string line = fmt::format(
-      "{} [{}] {:5.1f}% {} / {}  {}/s  ETA {}  files {}/{}", model, store::to_string(p.phase),
-      100.0 * fraction, format_bytes(static_cast<double>(p.bytes_done)),
+      "{} [{}] {}{:5.1f}% {} / {}  {}/s  ETA {}  files {}/{}", model, store::to_string(p.phase),
+      bar, 100.0 * fraction, format_bytes(static_cast<double>(p.bytes_done)),
       format_bytes(static_cast<double>(p.bytes_total)), format_bytes(p.rate_bytes_per_s),
       format_duration(p.eta_s), p.files_done, p.files_total);
   if (p.retries > 0) line += fmt::format("  retries {}", p.retries);

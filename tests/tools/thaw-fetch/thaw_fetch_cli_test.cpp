@@ -168,6 +168,13 @@ TEST(ThawFetchCliTest, SizesAndProgressLine) {
   const std::string line = progress_line("m", p, 0);
   EXPECT_EQ(line, "m [tensors]  25.0% 25.0 MiB / 100.0 MiB  10.0 MiB/s  ETA 0:08  files 5/20");
   EXPECT_EQ(progress_line("m", p, 10).size(), 10u);
+  // A terminal wide enough gets a bar.
+  EXPECT_NE(progress_line("m", p, 120).find("[#####...............]  25.0%"), std::string::npos)
+      << progress_line("m", p, 120);
+  // Before the plan gives a total: no "0 B / 0 B", no share, no ETA.
+  store::ModelFetchProgress start;
+  start.phase = store::FetchPhase::listing;
+  EXPECT_EQ(progress_line("m", start, 0), "m [listing] resolving…");
 }
 
 }  // namespace
