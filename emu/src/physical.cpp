@@ -2,10 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include "driver.hpp"
@@ -43,13 +47,43 @@ bool prefault(int fd, std::uint64_t size) {
   return ok;
 }
 
+// The error code stays CUDA_ERROR_OUT_OF_MEMORY (what cuMemCreate documents for running out of
+// resources), but nothing about it says "descriptors": an emulated 80 GB device at 2 MiB pages
+// needs 40,000 of them. Say which limit was hit, once per process.
+void report_descriptor_limit(int error) {
+  static std::once_flag once;
+  std::call_once(once, [error] {
+    rlimit rl{};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    if (error == ENFILE) {
+      std::fprintf(stderr,
+                   "thaw-emu: cuMemCreate: the system-wide open-file limit is reached (ENFILE, "
+                   "fs.file-max): each physical allocation of emulated device memory is a memfd; "
+                   "returning CUDA_ERROR_OUT_OF_MEMORY\n");
+      return;
+    }
+    std::fprintf(stderr,
+                 "thaw-emu: cuMemCreate: this process's open-file limit is reached "
+                 "(RLIMIT_NOFILE: soft %llu, hard %llu; the emulator raised soft to hard at "
+                 "cuInit). Each physical allocation of emulated device memory is one memfd — an "
+                 "80 GB device in 2 MiB pages needs 40,000 — so raise the hard limit (ulimit -Hn, "
+                 "LimitNOFILE= in a unit) or emulate a smaller device (THAW_EMU_DEVICE_MEMORY); "
+                 "returning CUDA_ERROR_OUT_OF_MEMORY\n",
+                 static_cast<unsigned long long>(rl.rlim_cur),
+                 static_cast<unsigned long long>(rl.rlim_max));
+  });
+}
+
 }  // namespace
 
 std::expected<std::shared_ptr<PhysicalMemory>, CUresult> PhysicalMemory::create(
     int device, std::uint64_t size, std::uint32_t handle_types, PhysicalKind kind) {
   std::shared_ptr<PhysicalMemory> m(new PhysicalMemory());
   m->fd_ = memfd_create("thaw-emu-device-memory", MFD_CLOEXEC);
-  if (m->fd_ < 0) return std::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  if (m->fd_ < 0) {
+    if (errno == EMFILE || errno == ENFILE) report_descriptor_limit(errno);
+    return std::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
+  }
   if (ftruncate(m->fd_, static_cast<off_t>(size + kTrailerSize)) != 0) {
     return std::unexpected(CUDA_ERROR_OUT_OF_MEMORY);
   }

@@ -183,9 +183,13 @@ TEST(TimingAcceptance, OneGiBPinnedHtoDTakesBytesOverTheConfiguredBandwidth) {
         "1 GiB pinned H2D at %.3g GB/s: model %.1f ms, wall %.1f ms, events %.1f ms, "
         "call returned after %.3f ms\n",
         gbps, model_ms, t.wall_ms, t.event_ms, t.call_ms);
-    EXPECT_NEAR(t.wall_ms, model_ms, 0.15 * model_ms);
-    EXPECT_NEAR(t.event_ms, model_ms, 0.15 * model_ms);
-    EXPECT_LT(t.call_ms, 0.25 * model_ms) << "an async copy from pinned memory must not block";
+    // Within 15 % of the model: below it is wrong at any load, above it may be the load.
+    EXPECT_GE(t.wall_ms, 0.85 * model_ms);
+    EXPECT_GE(t.event_ms, 0.85 * model_ms);
+    EXPECT_LE(t.wall_ms, 1.15 * model_ms) << thaw::test::kWallTimeAboveBound;
+    EXPECT_LE(t.event_ms, 1.15 * model_ms) << thaw::test::kWallTimeAboveBound;
+    EXPECT_LT(t.call_ms, 0.25 * model_ms)
+        << "an async copy from pinned memory must not block" << thaw::test::kWallTimeAboveBound;
 
     unsigned char back[4] = {};
     ASSERT_EQ(cuMemcpyDtoH(back, dev + kGiB - sizeof(back), sizeof(back)), CUDA_SUCCESS);
@@ -226,7 +230,8 @@ TEST(TimingAcceptance, OneGiBPinnedHtoDAtDefaultBandwidthTakesAtLeastTheModel) {
     EXPECT_GE(t.wall_ms, 0.95 * model_ms);
     EXPECT_GE(t.event_ms, 0.95 * model_ms);
     EXPECT_LE(t.wall_ms, 2.5 * std::max({model_ms, host_ms, sync_ms}) + 30)
-        << "more than max(model, host copy) was charged: is the default bandwidth 25 GB/s?";
+        << "more than max(model, host copy) was charged: is the default bandwidth 25 GB/s?"
+        << thaw::test::kWallTimeAboveBound;
   });
 }
 
@@ -256,7 +261,8 @@ TEST(TimingCopyEngines, HtoDAndDtoHOnTwoStreamsOverlap) {
     std::printf("H2D on A + D2H on B, 64 MiB each at %.3g GB/s: one copy %.1f ms, wall %.1f ms\n",
                 gbps, one_ms, wall_ms);
     EXPECT_GE(wall_ms, 0.85 * one_ms);
-    EXPECT_LE(wall_ms, 1.45 * one_ms) << "H2D and D2H did not overlap (serialized ≈ 2× one copy)";
+    EXPECT_LE(wall_ms, 1.45 * one_ms) << "H2D and D2H did not overlap (serialized ≈ 2× one copy)"
+                                      << thaw::test::kWallTimeAboveBound;
   });
 }
 
@@ -282,7 +288,7 @@ TEST(TimingCopyEngines, TwoHtoDCopiesOnTwoStreamsShareOneEngine) {
     std::printf("two H2D on A and B, 64 MiB each at %.3g GB/s: sum %.1f ms, wall %.1f ms\n", gbps,
                 2 * one_ms, wall_ms);
     EXPECT_GE(wall_ms, 0.85 * 2 * one_ms) << "two H2D copies overlapped on one H2D engine";
-    EXPECT_LE(wall_ms, 1.45 * 2 * one_ms);
+    EXPECT_LE(wall_ms, 1.45 * 2 * one_ms) << thaw::test::kWallTimeAboveBound;
 
     unsigned char a_back = 0;
     unsigned char b_back = 0;
@@ -339,7 +345,7 @@ TEST(TimingVmm, CreateAndMapCostPageLatencyPerPage) {
         latency_us, kPages, model_ms, create_ms, kPages, create_single_ms, map_ms);
     for (double ms : {create_ms, create_single_ms, map_ms}) {
       EXPECT_GE(ms, 0.85 * model_ms);
-      EXPECT_LE(ms, 1.5 * model_ms + 5);
+      EXPECT_LE(ms, 1.5 * model_ms + 5) << thaw::test::kWallTimeAboveBound;
     }
 
     EXPECT_EQ(cuMemUnmap(va, kPages * kPage), CUDA_SUCCESS);
@@ -372,7 +378,7 @@ TEST(TimingLaunch, ChainOfTinyOpsPaysTheLaunchLatencyPerOp) {
     std::printf("%d one-byte memsets at %.0f us launch latency: model %.1f ms, wall %.1f ms\n",
                 kOps, latency_us, model_ms, wall_ms);
     EXPECT_GE(wall_ms, 0.9 * model_ms);
-    EXPECT_LE(wall_ms, 1.6 * model_ms);
+    EXPECT_LE(wall_ms, 1.6 * model_ms) << thaw::test::kWallTimeAboveBound;
 
     std::vector<unsigned char> back(kOps);
     ASSERT_EQ(cuMemcpyDtoH(back.data(), dev, kOps), CUDA_SUCCESS);
@@ -420,7 +426,7 @@ TEST(TimingDevice, DtoDCopyAndMemsetUseTheDeviceBandwidth) {
         gbps, model_ms, copy_wall_ms, copy_event_ms, memset_wall_ms, memset_event_ms);
     for (double ms : {copy_wall_ms, copy_event_ms, memset_wall_ms, memset_event_ms}) {
       EXPECT_GE(ms, 0.85 * model_ms);
-      EXPECT_LE(ms, 1.45 * model_ms);
+      EXPECT_LE(ms, 1.45 * model_ms) << thaw::test::kWallTimeAboveBound;
     }
     unsigned char back = 0;
     ASSERT_EQ(cuMemcpyDtoH(&back, dst + kBytes - 1, 1), CUDA_SUCCESS);
@@ -448,8 +454,9 @@ TEST(TimingDevice, HtoDCopyIgnoresTheDeviceBandwidth) {
         "ms\n",
         pcie_gbps, d2d_gbps, pcie_ms, t.wall_ms);
     EXPECT_GE(t.wall_ms, 0.85 * pcie_ms);
-    EXPECT_LE(t.wall_ms, 1.45 * pcie_ms + 5);
-    EXPECT_LT(t.wall_ms, 0.5 * device_ms) << "the H2D copy was charged at the device bandwidth";
+    EXPECT_LE(t.wall_ms, 1.45 * pcie_ms + 5) << thaw::test::kWallTimeAboveBound;
+    EXPECT_LT(t.wall_ms, 0.5 * device_ms)
+        << "the H2D copy was charged at the device bandwidth" << thaw::test::kWallTimeAboveBound;
     EXPECT_EQ(cuMemFree(dev), CUDA_SUCCESS);
   });
 }
@@ -492,13 +499,14 @@ TEST(TimingHostMemory, PageableAsyncCopyReturnsOnlyAfterCompletionPinnedReturnsA
         gbps, model_ms, from_pageable.call_ms, from_pageable.wall_ms, from_pinned.call_ms,
         from_pinned.wall_ms, to_pageable_call_ms, from_registered.call_ms, from_registered.wall_ms);
     EXPECT_GE(from_pageable.call_ms, 0.85 * model_ms) << "pageable async H2D returned early";
-    EXPECT_LE(from_pageable.wall_ms, 1.45 * model_ms);
+    EXPECT_LE(from_pageable.wall_ms, 1.45 * model_ms) << thaw::test::kWallTimeAboveBound;
     EXPECT_GE(to_pageable_call_ms, 0.85 * model_ms) << "pageable async D2H returned early";
-    EXPECT_LE(to_pageable_call_ms, 1.45 * model_ms);
+    EXPECT_LE(to_pageable_call_ms, 1.45 * model_ms) << thaw::test::kWallTimeAboveBound;
     for (const CopyTiming& t : {from_pinned, from_registered}) {
-      EXPECT_LT(t.call_ms, 0.25 * model_ms) << "an async copy from pinned memory blocked";
+      EXPECT_LT(t.call_ms, 0.25 * model_ms)
+          << "an async copy from pinned memory blocked" << thaw::test::kWallTimeAboveBound;
       EXPECT_GE(t.wall_ms, 0.85 * model_ms);
-      EXPECT_LE(t.wall_ms, 1.45 * model_ms);
+      EXPECT_LE(t.wall_ms, 1.45 * model_ms) << thaw::test::kWallTimeAboveBound;
     }
   });
 }

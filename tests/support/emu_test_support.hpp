@@ -11,6 +11,8 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -71,9 +73,22 @@ inline std::string env_number(std::optional<double> value) {
   return text;
 }
 
+// Wall-clock upper bounds. A bound such as "took at most 1.5x the model" can fail because the
+// machine was busy (2 shared cores, a parallel ctest), not because the model is wrong; a lower
+// bound cannot (load only adds time). Tag an upper bound on measured time with this marker,
+//   EXPECT_LE(wall_ms, 1.5 * model_ms) << thaw::test::kWallTimeAboveBound;
+// and run the scenario with run_in_fresh_process: a run whose only failures are tagged ones is
+// repeated, in a fresh process, up to kWallTimeAttempts times, and passes if one run meets every
+// bound. A model that really is too slow misses the bound in every run, so it still fails; any
+// untagged failure (a lower bound, wrong data) fails at once, never retried.
+inline constexpr const char* kWallTimeAboveBound = "[wall time above its upper bound]";
+inline constexpr int kWallTimeAttempts = 3;
+inline constexpr int kExitOnlyWallTimeFailures = 3;
+
 // Sets (or, for an empty value, unsets) each variable, runs `body` with gtest's failures
 // intercepted, prints them on stderr (gtest shows a death-test child's stderr in the parent) and
-// ends the process: exit status 0 if nothing failed, 1 otherwise.
+// ends the process: exit status 0 if nothing failed, kExitOnlyWallTimeFailures if every failure
+// was a tagged wall-time upper bound, 1 otherwise.
 [[noreturn]] inline void run_and_exit(const std::vector<std::pair<std::string, std::string>>& env,
                                       const std::function<void()>& body) {
   for (const auto& [name, value] : env) {
@@ -90,24 +105,47 @@ inline std::string env_number(std::optional<double> value) {
     body();
   }
   int failures = 0;
+  int wall_time_failures = 0;
   for (int i = 0; i < results.size(); ++i) {
     const testing::TestPartResult& r = results.GetTestPartResult(i);
     if (!r.failed()) continue;
     ++failures;
+    if (std::string(r.message()).find(kWallTimeAboveBound) != std::string::npos) {
+      ++wall_time_failures;
+    }
     std::fprintf(stderr, "%s:%d: Failure\n%s\n", r.file_name() != nullptr ? r.file_name() : "?",
                  r.line_number(), r.message());
   }
   std::fflush(nullptr);
-  std::_Exit(failures == 0 ? 0 : 1);
+  if (failures == 0) std::_Exit(0);
+  std::_Exit(failures == wall_time_failures ? kExitOnlyWallTimeFailures : 1);
 }
 
 // Runs `body` in a fresh process with `env` applied before it (see run_and_exit): with the
 // "threadsafe" death-test style gtest re-executes this binary and runs only this statement there,
 // so the driver is uninitialised and reads its configuration at the body's first cuInit, even
-// when the whole suite runs as one process. Expects the body to pass.
+// when the whole suite runs as one process. Expects the body to pass; a run that failed only
+// tagged wall-time upper bounds (kWallTimeAboveBound) is run again, kWallTimeAttempts in all.
 inline void run_in_fresh_process(std::vector<std::pair<std::string, std::string>> env,
                                  const std::function<void()>& body) {
-  EXPECT_EXIT(run_and_exit(env, body), testing::ExitedWithCode(0), "");
+  for (int attempt = 1;; ++attempt) {
+    int status = -1;
+    const auto passed_or_only_slow = [&status](int exit_status) {
+      status = exit_status;
+      return WIFEXITED(exit_status) && (WEXITSTATUS(exit_status) == 0 ||
+                                        WEXITSTATUS(exit_status) == kExitOnlyWallTimeFailures);
+    };
+    EXPECT_EXIT(run_and_exit(env, body), passed_or_only_slow, "");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != kExitOnlyWallTimeFailures) return;
+    if (attempt == kWallTimeAttempts) {
+      ADD_FAILURE() << "the scenario took longer than its upper bound in " << attempt << " runs of "
+                    << attempt << " (each run's output is above): the modelled time is too "
+                    << "long, or this machine is far too busy for timing checks";
+      return;
+    }
+    std::fprintf(stderr, "run %d of %d took longer than an upper bound; running it again\n",
+                 attempt, kWallTimeAttempts);
+  }
 }
 
 // cuInit, device 0 and its primary context made current on this thread (the runtime's shape), for

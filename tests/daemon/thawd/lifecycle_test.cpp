@@ -14,12 +14,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "nginx_server.hpp"  // free_loopback_port
 #include "temp_dir.hpp"
 #include "thawd_test_support.hpp"
 
@@ -207,6 +213,113 @@ TEST_F(ThawdLifecycle, CheckConfigValidatesWithoutStarting) {
             dir_.path() / "stderr");
   EXPECT_EQ(wait_exit(bad), 1);
   EXPECT_NE(slurp(dir_.path() / "stderr").find("dbus.bus"), std::string::npos);
+}
+
+// The exit code of `pid`, or -1 if it has not exited within `limit` (then it is killed): a
+// hang must fail the test with a message, not run into ctest's timeout.
+int exit_within(pid_t pid, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_F(ThawdLifecycle, AConfigFileGivenWithDashCMustBeAReadableRegularFile) {
+  const fs::path fifo = dir_.path() / "fifo.toml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  struct Case {
+    std::string path;
+    std::string says;
+  };
+  // A missing file ran on the compiled-in system paths; /dev/zero was read without end; a FIFO
+  // blocked the start forever.
+  const std::vector<Case> cases = {{"/nonexistent/thawd.toml", "no such file"},
+                                   {"/dev/zero", "is not a regular file"},
+                                   {fifo.string(), "is not a regular file"},
+                                   {dir_.path().string(), "is a directory"}};
+  int n = 0;
+  for (const Case& c : cases) {
+    for (bool check : {true, false}) {
+      const fs::path err = dir_.path() / ("stderr." + std::to_string(n++));
+      std::vector<std::string> argv = {THAWD_PATH, "-c", c.path};
+      if (check) argv.push_back("--check-config");
+      const pid_t pid = spawn(argv, env(), err);
+      EXPECT_EQ(exit_within(pid, 20s), 1) << c.path << (check ? " --check-config" : "");
+      const std::string log = slurp(err);
+      EXPECT_NE(log.find(c.path + ": " + c.says), std::string::npos) << log;
+      EXPECT_EQ(log.find("valid"), std::string::npos) << log;
+    }
+  }
+}
+
+TEST_F(ThawdLifecycle, NonFinitePoolShareFailsTheCheckAndTheStart) {
+  std::ofstream(dir_.path() / "nan.toml") << "[gpu]\npool_share = nan\n";
+  for (bool check : {true, false}) {
+    const fs::path err = dir_.path() / (check ? "stderr.check" : "stderr.start");
+    std::vector<std::string> argv = {THAWD_PATH, "-c", (dir_.path() / "nan.toml").string()};
+    if (check) argv.push_back("--check-config");
+    const pid_t pid = spawn(argv, env(), err);
+    EXPECT_EQ(exit_within(pid, 20s), 1);  // not an abort (134) while sizing the pool
+    const std::string log = slurp(err);
+    EXPECT_NE(log.find("nan.toml:2:14: gpu.pool_share: must be a finite number"), std::string::npos)
+        << log;
+  }
+}
+
+TEST_F(ThawdLifecycle, AShimSocketPathThatIsNotASocketIsNeverDeleted) {
+  const fs::path file = dir_.path() / "precious.txt";
+  std::ofstream(file) << "someone's notes";
+  const fs::path empty_dir = dir_.path() / "empty-dir";
+  fs::create_directory(empty_dir);
+  for (const auto& [path, what] :
+       {std::pair{file, "is a regular file"}, std::pair{empty_dir, "is a directory"}}) {
+    write_config("[shim]\nsocket = \"" + path.string() + "\"\n");
+    const fs::path err = dir_.path() / ("stderr." + path.filename().string());
+    const pid_t pid =
+        spawn({THAWD_PATH, "--config", (dir_.path() / "thawd.toml").string()}, env(), err);
+    EXPECT_EQ(exit_within(pid, 30s), 1);
+    const std::string log = slurp(err);
+    EXPECT_NE(log.find("shim.socket " + path.string() + ": " + what + ", not a socket"),
+              std::string::npos)
+        << log;
+  }
+  EXPECT_EQ(slurp(file), "someone's notes");
+  EXPECT_TRUE(fs::is_directory(empty_dir));
+}
+
+TEST_F(ThawdLifecycle, SigtermRightAfterReadyWithMetricsStopsEveryTime) {
+  // The metrics listener's thread could start serving after the stop: join() then waited
+  // forever (under systemd a 60 s hang, then SIGKILL). A few rounds make the window likely.
+  for (int round = 0; round < 5; ++round) {
+    fs::remove(dir_.path() / "notify");
+    write_config("[metrics]\nlisten = \"127.0.0.1:" +
+                 std::to_string(thaw::store::testing::free_loopback_port()) + "\"\n");
+    NotifySocket notify(dir_.path() / "notify");
+    const fs::path err = dir_.path() / ("stderr.round" + std::to_string(round));
+    const pid_t pid =
+        spawn({THAWD_PATH, "--config", (dir_.path() / "thawd.toml").string()}, env(), err);
+    ASSERT_FALSE(notify.until("READY=1").empty()) << slurp(err);
+    ASSERT_EQ(::kill(pid, SIGTERM), 0);
+    ASSERT_EQ(exit_within(pid, 20s), 0) << "round " << round << ": no clean exit within 20 s\n"
+                                        << slurp(err);
+    // Every line of thawd's own log on stderr starts with the local time, to the millisecond;
+    // the start-up re-index says what it kept.
+    const std::string log = slurp(err);
+    std::istringstream lines(log);
+    const std::regex stamped(R"(^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d{4} thawd: .*)");
+    for (std::string line; std::getline(lines, line);) {
+      if (line.starts_with("thaw-emu:")) continue;  // the emulator's own, not thawd's
+      EXPECT_TRUE(std::regex_match(line, stamped)) << line;
+    }
+    EXPECT_NE(log.find("kept 0 model(s)"), std::string::npos) << log;
+  }
 }
 
 }  // namespace
