@@ -15,9 +15,13 @@ build: deps
 	$(CMAKE) --preset $(PRESET) >/dev/null
 	$(CMAKE) --build --preset $(PRESET)
 
-# Runs thaw's main job on the built-in CUDA driver emulator.
+# Runs thaw's main job on the built-in CUDA driver emulator (tools/demo/run-demo.sh): a
+# private thawd, dbus-daemon and nginx registry, the reference engine started four ways
+# (cold, streamed, prewarmed copy, prewarmed zero-copy); prints a table and writes a
+# timeline picture. No root needed. DEMO_ARGS=--quick: a smaller model.
+DEMO_ARGS ?=
 demo: build
-	@build/$(PRESET)/tools/emu-demo/thaw-emu-demo
+	@tools/demo/run-demo.sh --build build/$(PRESET) $(DEMO_ARGS)
 
 # Every test, in the default build and under ASan+UBSan, then a bounded libFuzzer run.
 test: deps
