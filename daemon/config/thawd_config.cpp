@@ -73,6 +73,15 @@ std::expected<void, ConfigError> read_string(const Section& s, std::string_view 
   return {};
 }
 
+std::expected<void, ConfigError> read_bool(const Section& s, std::string_view k, bool& out) {
+  const toml::node* n = s.get(k);
+  if (n == nullptr) return {};
+  auto v = n->value<bool>();
+  if (!v || !n->is_boolean()) return bad(s.origin(), *n, s.key(k), "must be true or false");
+  out = *v;
+  return {};
+}
+
 std::expected<void, ConfigError> read_path(const Section& s, std::string_view k,
                                            std::filesystem::path& out) {
   std::string text = out.string();
@@ -249,7 +258,8 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
       shim(root, "shim", origin), dbus(root, "dbus", origin), metrics(root, "metrics", origin),
       coordinator(root, "coordinator", origin);
   for (auto ok : {node.only({"id", "state_dir"}),
-                  store.only({"cache_dir", "cache_budget", "registry", "connections", "max_rate"}),
+                  store.only({"cache_dir", "cache_budget", "registry", "connections", "max_rate",
+                              "allow_unverified"}),
                   gpu.only({"pool_share", "max_slots"}), shim.only({"socket", "allow_groups"}),
                   dbus.only({"bus"}), metrics.only({"listen"}),
                   coordinator.only({"endpoint", "server_key", "key", "network", "pcie",
@@ -262,6 +272,7 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
         read_string(store, "registry", c.registry),
         read_count(store, "connections", c.connections, 1, 256),
         read_rate(store, "max_rate", c.max_rate_bytes_per_s),
+        read_bool(store, "allow_unverified", c.allow_unverified),
         read_count(gpu, "max_slots", c.max_slots, 1, 64), read_path(shim, "socket", c.socket_path),
         read_string(dbus, "bus", c.bus), read_metrics_listen(metrics, c.metrics_listen),
         read_string(coordinator, "endpoint", c.coordinator_endpoint),

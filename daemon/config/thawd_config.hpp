@@ -29,6 +29,9 @@ struct ThawdConfig {
   std::string registry;                    // "" = none: Fetch needs a registry argument
   std::uint32_t connections = 8;           // parallel HTTP connections per fetch
   std::uint64_t max_rate_bytes_per_s = 0;  // all of a fetch's downloads together; 0 = no limit
+  // Fetch models published without thaw-manifest.json (nothing to check their bytes
+  // against); they show as unverified. Off: such a fetch fails saying how to publish.
+  bool allow_unverified = false;
   // [gpu]
   double pool_share = 0.9;  // of each GPU's memory, for prewarm slots and KV
   std::uint32_t max_slots = 8;

@@ -1,6 +1,7 @@
 #include "daemon/core/thawd.hpp"
 
 #include <fmt/format.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -10,6 +11,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 #include "common/text/byte_size.hpp"
 #include "daemon/log/log.hpp"
@@ -18,6 +21,23 @@
 namespace thaw::daemon {
 
 namespace {
+
+// The group engines run in (the first of shim.allow_groups that exists) reads the cache's
+// files: engines open them by path. Only root can give files to a group it is not in;
+// an unprivileged thawd (tests, a user's own) keeps its files to itself and its group.
+std::optional<gid_t> cache_group(const std::vector<std::string>& allow_groups) {
+  if (::geteuid() != 0) return std::nullopt;
+  for (const std::string& name : allow_groups) {
+    std::vector<char> buffer(4096);
+    group entry{};
+    group* found = nullptr;
+    while (::getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found) == ERANGE) {
+      buffer.resize(buffer.size() * 2);
+    }
+    if (found != nullptr) return found->gr_gid;
+  }
+  return std::nullopt;
+}
 
 // What the start-up re-index kept, dropped and evicted: a cache that shrank or lost files
 // across a restart must say so in the journal, not only in a later fetch's duration.
@@ -84,8 +104,9 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   const ThawdConfig& c = d->config_;
 
   notifier.status("opening the host cache");
-  auto cache =
-      store::HostCache::open(store::HostCacheConfig{c.cache_dir, c.cache_budget_bytes, {}, {}});
+  store::HostCacheConfig cache_config{c.cache_dir, c.cache_budget_bytes, {}, {}};
+  cache_config.group = cache_group(c.allow_groups);
+  auto cache = store::HostCache::open(std::move(cache_config));
   if (!cache) {
     return std::unexpected(
         fmt::format("store.cache_dir {}: {}", c.cache_dir.string(), cache.error().message));
@@ -143,7 +164,7 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   for (auto& g : d->gpus_) gpus.push_back(g.get());
   d->service_ = std::make_unique<NodeService>(
       *d->cache_, std::move(gpus),
-      NodeServiceConfig{c.registry, c.connections, c.max_rate_bytes_per_s});
+      NodeServiceConfig{c.registry, c.connections, c.max_rate_bytes_per_s, c.allow_unverified});
 
   const ManagerInfo info = d->manager_info();
   notifier.status("listening on the shim socket " + c.socket_path.string());
@@ -316,14 +337,15 @@ void Thawd::reload() {
   config_.registry = next->registry;
   config_.connections = next->connections;
   config_.max_rate_bytes_per_s = next->max_rate_bytes_per_s;
+  config_.allow_unverified = next->allow_unverified;
   config_.allow_groups = next->allow_groups;
   // The old policy stays alive until the bus uses the new one (it holds a pointer).
   auto access = std::make_unique<AccessPolicy>(config_.allow_groups);
   bus_->set_access(*access);
   shim_->set_access(*access);
   access_ = std::move(access);
-  service_->set_config(
-      NodeServiceConfig{config_.registry, config_.connections, config_.max_rate_bytes_per_s});
+  service_->set_config(NodeServiceConfig{config_.registry, config_.connections,
+                                         config_.max_rate_bytes_per_s, config_.allow_unverified});
   log(LogLevel::notice, "reloaded " + config_path_.string());
   notifier_.ready(status_line());
 }

@@ -81,6 +81,10 @@ fs::path last_used_path(const fs::path& root, std::string_view key) {
   return root / key / kMetaDir / kLastUsed;
 }
 
+fs::path unverified_path(const fs::path& root, std::string_view key) {
+  return root / key / kMetaDir / kUnverified;
+}
+
 fs::path dropped_dir(const fs::path& root, std::string_view key) {
   return root / key / kMetaDir / kDroppedDir;
 }

@@ -5,6 +5,9 @@
 //   <root>/<model key>/<relative path>          a cached model file, as the registry names it
 //   <root>/<model key>/.thaw/ready/<rel path>   its readiness map (chunk_readiness.hpp)
 //   <root>/<model key>/.thaw/last-used          its mtime is the model's LRU time
+//   <root>/<model key>/.thaw/unverified         present while the model's bytes were taken
+//                                               with no digest to check them against (it was
+//                                               published without thaw-manifest.json)
 //   <root>/<model key>/.thaw/dropped/<rel path> empty: that file was deleted as damaged and
 //                                               no fetch has created it again yet, so the
 //                                               model is incomplete (survives a restart)
@@ -27,6 +30,7 @@ inline constexpr std::string_view kMarker = ".thaw-cache";
 inline constexpr std::string_view kMetaDir = ".thaw";
 inline constexpr std::string_view kReadyDir = "ready";
 inline constexpr std::string_view kLastUsed = "last-used";
+inline constexpr std::string_view kUnverified = "unverified";
 inline constexpr std::string_view kDroppedDir = "dropped";
 inline constexpr size_t kMaxKeyBytes = 200;
 inline constexpr size_t kMaxPathBytes = 1024;
@@ -48,6 +52,7 @@ std::filesystem::path readiness_dir(const std::filesystem::path& root, std::stri
 std::filesystem::path readiness_path(const std::filesystem::path& root, std::string_view key,
                                      std::string_view relative_path);
 std::filesystem::path last_used_path(const std::filesystem::path& root, std::string_view key);
+std::filesystem::path unverified_path(const std::filesystem::path& root, std::string_view key);
 std::filesystem::path dropped_dir(const std::filesystem::path& root, std::string_view key);
 std::filesystem::path dropped_path(const std::filesystem::path& root, std::string_view key,
                                    std::string_view relative_path);

@@ -258,6 +258,33 @@ CacheResult<UniqueFd> claim_root(const fs::path& root) {
   return fd;
 }
 
+// Gives the cache to `gid` (see HostCacheConfig::group): the root and what an older thawd
+// left under it without the group, so an upgrade needs no manual chgrp.
+CacheResult<void> share_with_group(const fs::path& root, gid_t gid) {
+  const auto give = [gid](const fs::path& path, bool directory) -> CacheResult<void> {
+    if (::lchown(path.c_str(), static_cast<uid_t>(-1), gid) != 0 ||
+        ::chmod(path.c_str(), directory ? 02750 : 0640) != 0) {
+      return std::unexpected(errno_error(
+          errno, fmt::format("giving {} to group {} (the first of shim.allow_groups; engines "
+                             "of that group read cached files)",
+                             path.string(), gid)));
+    }
+    return {};
+  };
+  if (auto ok = give(root, true); !ok) return ok;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const fs::file_status status = it->symlink_status(ec);
+    if (ec || fs::is_symlink(status)) continue;
+    if (fs::is_directory(status) || fs::is_regular_file(status)) {
+      if (auto ok = give(it->path(), fs::is_directory(status)); !ok) return ok;
+    }
+  }
+  if (ec) return std::unexpected(errno_error(ec.value(), "walking " + root.string()));
+  return {};
+}
+
 }  // namespace
 
 HostCache::HostCache(std::shared_ptr<HostCacheState> state) : state_(std::move(state)) {}
@@ -278,6 +305,11 @@ CacheResult<HostCache> HostCache::open(HostCacheConfig config) {
   auto lock = claim_root(state->config.root);
   if (!lock) return std::unexpected(lock.error());
   state->root_lock = std::move(*lock);
+  if (state->config.group) {
+    if (auto ok = share_with_group(state->config.root, *state->config.group); !ok) {
+      return std::unexpected(ok.error());
+    }
+  }
   auto filesystem = probe_cache_filesystem(state->config.root);
   if (!filesystem) return std::unexpected(filesystem.error());
   state->filesystem = *filesystem;
@@ -475,12 +507,32 @@ CacheResult<void> HostCache::remove_model(std::string_view key_view) {
   return detail::evict_locked(*state_, key);
 }
 
+CacheResult<void> HostCache::set_unverified(std::string_view key_view, bool unverified) {
+  if (auto ok = layout::check_model_key(key_view); !ok) return std::unexpected(ok.error());
+  const fs::path marker = layout::unverified_path(state_->config.root, key_view);
+  std::error_code ec;
+  if (!unverified) {
+    fs::remove(marker, ec);
+    if (ec) return std::unexpected(errno_error(ec.value(), "removing " + marker.string()));
+    return {};
+  }
+  fs::create_directories(marker.parent_path(), ec);
+  if (ec)
+    return std::unexpected(errno_error(ec.value(), "creating " + marker.parent_path().string()));
+  UniqueFd fd(::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd) return std::unexpected(errno_error(errno, "creating " + marker.string()));
+  return {};
+}
+
 std::vector<CachedModelInfo> HostCache::models() const {
   const HostCacheState& state = *state_;
   std::vector<CachedModelInfo> result;
   std::lock_guard lock(state.mutex);
   for (const auto& [key, model] : state.models) {
     CachedModelInfo info{key, model.bytes, model.pins, model.last_used_ns, {}};
+    struct stat marker {};
+    info.unverified =
+        ::lstat(layout::unverified_path(state.config.root, key).c_str(), &marker) == 0;
     for (const auto& [path, entry] : model.files) {
       CachedFileInfo file;
       file.relative_path = path;

@@ -31,10 +31,13 @@
 // outside the cache's lock; others asking for that same file wait for it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +55,12 @@ struct HostCacheConfig {
   // Wall-clock time for LRU, in ns since the Unix epoch (it must survive restarts, so
   // not a monotonic clock). Defaults to CLOCK_REALTIME; tests inject their own.
   std::function<int64_t()> clock;
+  // Engines open cached files by path (the shim only passes readiness maps), so a group
+  // whose members run engines (thawd: the first of shim.allow_groups) must be able to read
+  // them. With a group, open() gives the root and everything under it to that group —
+  // directories 02750 (setgid: what is created inside inherits the group), files 0640 —
+  // and others nothing. Without one, files are 0640 of the owner's own group.
+  std::optional<gid_t> group;
 };
 
 struct CachedFileInfo {
@@ -74,6 +83,9 @@ struct CachedModelInfo {
   uint32_t pins = 0;
   int64_t last_used_unix_ns = 0;
   std::vector<CachedFileInfo> files;  // by path
+  // Its bytes were taken with nothing to check them against (set_unverified): complete
+  // means "all there", not "as published".
+  bool unverified = false;
 };
 
 struct DroppedEntry {
@@ -167,6 +179,11 @@ class HostCache {
   CacheResult<ModelPin> pin(std::string_view key);
   // Deletes a model's files now. busy while it is pinned or a file is being created.
   CacheResult<void> remove_model(std::string_view key);
+
+  // Records (on disk, under the model's .thaw/, so it survives restarts and goes with the
+  // model) that the model's files were fetched without digests to check them, or clears
+  // that once a fetch has checked every file. Only a fetch holding a pin calls it.
+  CacheResult<void> set_unverified(std::string_view key, bool unverified);
 
   // Every cached or pinned model, least recently used first.
   std::vector<CachedModelInfo> models() const;
