@@ -86,6 +86,7 @@ ServiceResult<std::shared_ptr<NodeService::FetchJob>> NodeService::start_fetch_l
   options.cache_key = key;
   options.stage = stage;
   options.consolidate = stage.has_value() && consolidate;
+  options.allow_unverified = config_.allow_unverified;
   options.fetcher.max_connections = std::max<std::uint32_t>(config_.connections, 1);
   options.fetcher.connections_per_file = options.fetcher.max_connections;
   options.fetcher.rate_limits[static_cast<std::size_t>(store::FetchClass::critical)] =
@@ -131,6 +132,7 @@ ModelStatus NodeService::status_of_locked(const std::string& key,
   s.key = key;
   bool all_complete = cached != nullptr && !cached->files.empty();
   if (cached != nullptr) {
+    s.unverified = cached->unverified;
     s.files = static_cast<std::uint32_t>(cached->files.size());
     for (const store::CachedFileInfo& f : cached->files) {
       s.total_bytes += f.size;

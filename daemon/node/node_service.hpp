@@ -63,6 +63,8 @@ struct ModelStatus {
   double rate_bytes_per_s = 0;      // while fetching
   std::uint32_t files = 0;
   std::string error;  // why the last fetch failed
+  // Its files were taken with nothing to check them against (store.allow_unverified).
+  bool unverified = false;
 };
 
 struct SlotStatus {
@@ -133,6 +135,7 @@ struct NodeServiceConfig {
   std::string registry;  // address (store.registry); "" = none configured
   std::uint32_t connections = 8;
   std::uint64_t max_rate_bytes_per_s = 0;  // per fetch; 0 = no limit
+  bool allow_unverified = false;           // fetch models published without digests
 };
 
 class NodeService {

@@ -243,6 +243,7 @@ ServiceResult<void> NodeService::evict(const std::string& id) {
   auto where = parse_slot_locked(id);
   if (!where) return std::unexpected(where.error());
   SlotRecord& record = *slots_.at(id);
+  if (record.evicting) return {};  // already on its way out (reap() removes it)
   if (record.prewarming || record.verifying) {
     return service_error(error_name::kSlotBusy,
                          fmt::format("slot {} is still {}; evict it once it is prewarmed", id,
@@ -282,14 +283,23 @@ void NodeService::reap_slots_locked(std::vector<std::thread>& done) {
   for (auto it = slots_.begin(); it != slots_.end();) {
     SlotRecord& r = *it->second;
     if (r.thread_finished && r.thread.joinable()) done.push_back(std::move(r.thread));
-    if (r.evicting) {
-      auto info = gpus_[r.gpu]->slot(r.slot);
-      if (!info || info->state == vmm::SlotState::empty) {
-        (void)gpus_[r.gpu]->destroy_slot(r.slot);
-        it = slots_.erase(it);
-        changed();
-        continue;
+    auto info = gpus_[r.gpu]->slot(r.slot);
+    const bool empty = !info || info->state == vmm::SlotState::empty;
+    // The GPU empties a prewarmed slot itself to make room (an activated model's KV cache
+    // takes the pages of the least recently prewarmed one): such a slot holds nothing and
+    // would count against gpu.max_slots for ever. A failed prewarm stays, to show why.
+    const bool emptied_by_gpu =
+        empty && !r.evicting && !r.prewarming && !r.verifying && r.owner.empty() && r.error.empty();
+    if ((r.evicting || emptied_by_gpu) && empty) {
+      if (emptied_by_gpu) {
+        log(LogLevel::info,
+            fmt::format("slot {}: {} was evicted by the GPU to make room; removed", r.id, r.key),
+            {{"MODEL", r.key}, {"SLOT", r.id}, {"GPU", std::to_string(r.gpu)}});
       }
+      (void)gpus_[r.gpu]->destroy_slot(r.slot);
+      it = slots_.erase(it);
+      changed();
+      continue;
     }
     ++it;
   }
