@@ -393,6 +393,11 @@ echo "fetch: thawd over HTTP from nginx, chunks verified; (b) streamed $STREAMED
 echo "prewarm before (c): $(printf '%.2f' "$PREWARM_C") s (packed layout); before (d): ${PREWARM_D} s (engine layout)"
 echo "shim (c): $COPY_SLOT"
 echo "shim (d): $ZERO_SLOT"
+# Show the slot as the next engine finds it: handed back by (d)'s last engine and checked.
+for _ in $(seq 100); do
+  [[ $(slot_field state) == prewarmed && $(slot_field owner) == "" ]] && break
+  sleep 0.1
+done
 echo
 echo "\$ thawctl slots"
 "${THAWCTL[@]}" slots
