@@ -58,7 +58,8 @@ constexpr std::uint64_t kCopyPages = 8;
 constexpr std::size_t kStagingBuffers = 4;
 
 std::size_t pages_for(std::uint64_t bytes, std::size_t page) {
-  return static_cast<std::size_t>((bytes + page - 1) / page);
+  // Not (bytes + page - 1) / page: a size near 2^64 (Activate's kv_bytes) would wrap to 0.
+  return static_cast<std::size_t>(bytes / page + (bytes % page != 0 ? 1 : 0));
 }
 
 }  // namespace
@@ -86,6 +87,9 @@ VmmResult<std::unique_ptr<GpuMemory>> GpuMemory::create(std::shared_ptr<const cu
   }
   auto total = driver->device_total_mem(*device);
   if (!total) return std::unexpected(driver_error(total.error(), "device memory size"));
+  if (auto uuid = driver->device_uuid(*device)) {
+    for (char b : uuid->bytes) gpu->uuid_ += fmt::format("{:02x}", static_cast<unsigned char>(b));
+  }
   auto pool = PagePool::create(driver, *device, pool_bytes);
   if (!pool) return std::unexpected(pool.error());
   gpu->pool_ = std::move(*pool);
@@ -848,7 +852,7 @@ VmmResult<std::size_t> GpuMemory::free_weight_pages(SlotId id,
     pool_->release(std::span(&*p, 1));
     // The engine needs the room for its own memory: the driver gets the page back until
     // the engine is gone (take_back_returned).
-    (void)pool_->give_back(std::span(&*p, 1));
+    (void)pool_->give_back(std::span(&*p, 1), id);
     s.loaded_bytes = std::min<std::uint64_t>(s.loaded_bytes, offset);
     ++freed;
   }
@@ -959,6 +963,19 @@ VmmResult<std::optional<std::uint64_t>> GpuMemory::find_difference(SlotId id,
     }
   }
   return std::nullopt;
+}
+
+VmmResult<std::size_t> GpuMemory::lend_to_engine(SlotId id, std::size_t max_pages) {
+  if (auto ok = make_current(); !ok) return std::unexpected(ok.error());
+  std::lock_guard lock(mutex_);
+  if (id != kNoSlot) {
+    if (auto found = require_locked(id); !found) return std::unexpected(found.error());
+  }
+  std::vector<PageId> free = pool_->pages_of(PageOwner{});
+  if (free.size() > max_pages) free.resize(max_pages);
+  const std::size_t given = pool_->give_back(free, id);
+  if (given != 0) changed_.notify_all();
+  return given;
 }
 
 std::size_t GpuMemory::take_back_returned() {

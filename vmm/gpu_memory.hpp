@@ -163,6 +163,13 @@ class GpuMemory {
   // needs that room for its KV cache — the slot's resident prefix ends at the first of
   // them, and a slot left with no weight page mapped is empty. Returns the pages freed.
   VmmResult<std::size_t> free_weight_pages(SlotId slot, std::span<const std::uint64_t> offsets);
+  // An engine (attached to `slot`, or kNoSlot) is to allocate its own memory (activations,
+  // KV cache, workspaces) out of this pool: up to `max_pages` free pages are given back to
+  // the driver for it (they become `returned`), so the driver — and only the driver —
+  // has their room for the engine's allocations, whatever call it makes them with. No
+  // prewarm can take them while they are out; take_back_returned() re-creates them once the
+  // engine is gone. Returns the pages given.
+  VmmResult<std::size_t> lend_to_engine(SlotId slot, std::size_t max_pages);
   // Whether the slot's weights region holds exactly what `layout` puts there (each piece
   // read back and compared with `source`): what thawd checks before it offers a slot an
   // engine handed back to the next one — an engine may have written its weights. Returns
@@ -178,6 +185,8 @@ class GpuMemory {
   VmmResult<SlotInfo> slot(SlotId slot) const;
   PoolInfo pool() const;
   CUdevice device() const { return device_; }
+  // The device's UUID as 32 hex digits (how a process that sees other ordinals names it).
+  const std::string& uuid() const { return uuid_; }
   // Every page has one owner and is mapped where its owner says (after wait_idle()).
   std::expected<void, std::string> check_invariants() const;
 
@@ -204,6 +213,7 @@ class GpuMemory {
   std::unique_ptr<PagePool> pool_;
   std::size_t slot_pages_ = 0;  // each slot's VA, in pages: the device's whole memory
   CUstream stream_ = nullptr;   // low-priority prewarm copies
+  std::string uuid_;
   // Pinned staging buffers for prewarm copies, each with the event of its last copy. A
   // copy from pageable memory returns only once it is done (the driver stages it itself),
   // which would serialise page mapping with transfer; from pinned memory it is queued.

@@ -71,14 +71,14 @@ CUmemGenericAllocationHandle PagePool::handle(PageId page) const {
   return handles_.at(page);
 }
 
-std::size_t PagePool::give_back(std::span<const PageId> pages) {
+std::size_t PagePool::give_back(std::span<const PageId> pages, SlotId slot) {
   std::lock_guard lock(mutex_);
   std::size_t given = 0;
   for (PageId p : pages) {
     if (owners_.at(p).use != PageUse::free || handles_[p] == 0) continue;
     if (!driver_->mem_release(handles_[p])) continue;  // still the pool's: stays free
     handles_[p] = 0;
-    owners_[p] = PageOwner{PageUse::returned, kNoSlot};
+    owners_[p] = PageOwner{PageUse::returned, slot};
     ++given;
   }
   return given;

@@ -75,8 +75,9 @@ class PagePool {
   VmmResult<int> export_fd(PageId page) const;
 
   // Gives the memory of these free pages back to the driver (cuMemRelease): they become
-  // `returned`. Pages that are not free are left alone. Returns how many were given.
-  std::size_t give_back(std::span<const PageId> pages);
+  // `returned`, for `slot` (the slot whose engine needs the room; kNoSlot: none said).
+  // Pages that are not free are left alone. Returns how many were given.
+  std::size_t give_back(std::span<const PageId> pages, SlotId slot = kNoSlot);
   // Re-creates returned pages (free again) until the driver has no more memory for them.
   // Returns how many came back.
   std::size_t take_back();

@@ -67,13 +67,15 @@ std::string_view to_string(MessageType type) {
       return "ipc";
     case MessageType::free_pages:
       return "free_pages";
+    case MessageType::lease_memory:
+      return "lease_memory";
   }
   return "unknown";
 }
 
 bool is_known(std::uint16_t type) {
   return type >= static_cast<std::uint16_t>(MessageType::hello) &&
-         type <= static_cast<std::uint16_t>(MessageType::free_pages);
+         type <= static_cast<std::uint16_t>(MessageType::lease_memory);
 }
 
 Message reply_to(const Message& request, MessageType type, nlohmann::json body) {

@@ -31,6 +31,9 @@
 //   imported {slot, token}                          → ok   (the pages are mapped: unpin)
 //   free_pages {slot, offsets: [n, ...]}            → ok {freed}  (the engine copied those
 //                                                      pages' bytes out; thawd frees them)
+//   lease_memory {gpu_uuid}                         → ok {gpu, budget_bytes}  (the pool's free
+//                                                      pages, given to the driver for this
+//                                                      engine until its connection closes)
 //   release {slot, handback}                        → ok   (the engine is done with it;
 //                                                      handback: it exits normally and the
 //                                                      slot may stay prewarmed)
@@ -88,6 +91,7 @@ enum class MessageType : std::uint16_t {
   import_ipc = 17,
   ipc = 18,
   free_pages = 19,
+  lease_memory = 20,
 };
 std::string_view to_string(MessageType type);
 bool is_known(std::uint16_t type);

@@ -224,17 +224,24 @@ void NodeService::reap() {
       if (job->done() && job->thread.joinable()) done.push_back(std::move(job->thread));
     }
     reap_slots_locked(done);
-    // Pages given back to the driver for an engine's own copy of its weights come back to
-    // the pool once no engine that did so holds a slot on that GPU any more.
+    // Pages given back to the driver for engines (their budgets, their own copies of their
+    // weights) come back to the pool once no engine holding such pages is attached on that
+    // GPU: the driver's free memory is one heap, so re-creating a departed engine's pages
+    // while another is still allocating could take what that one was promised.
     for (std::uint32_t g = 0; g < gpus_.size(); ++g) {
-      const bool needed = std::ranges::any_of(slots_, [&](const auto& entry) {
-        const SlotRecord& r = *entry.second;
-        return r.gpu == g && !r.owner.empty() && r.pages_freed;
-      });
-      if (!needed && gpus_[g]->take_back_returned() != 0) changed();
+      if (!engine_needs_driver_room_locked(g) && gpus_[g]->take_back_returned() != 0) changed();
     }
   }
   for (std::thread& t : done) t.join();
+}
+
+bool NodeService::engine_needs_driver_room_locked(std::uint32_t gpu) const {
+  const bool leased = std::ranges::any_of(
+      leases_, [&](const auto& entry) { return entry.second.gpu == gpu && entry.second.pages; });
+  return leased || std::ranges::any_of(slots_, [&](const auto& entry) {
+           const SlotRecord& r = *entry.second;
+           return r.gpu == gpu && !r.owner.empty() && r.pages_freed;
+         });
 }
 
 void NodeService::shutdown() {

@@ -117,9 +117,11 @@ struct AttachedSlot {
   std::uint64_t weight_bytes = 0;
   std::uint64_t token = 0;  // for confirm_import
   // Device memory the engine may count as its own while attached (what its cuMemGetInfo
-  // answers): this slot's pages plus the pool's free pages — not other slots' pages, which
-  // thawd keeps prewarmed for other models.
+  // answers): this slot's pages plus the pool's free pages, whose memory thawd gave to the
+  // driver for this engine's own allocations — not other slots' pages, which thawd keeps
+  // prewarmed for other models, nor pages another engine was given.
   std::uint64_t budget_bytes = 0;
+  std::uint64_t lent_bytes = 0;      // of the budget, what the pool gave the driver for it
   std::uint64_t resident_bytes = 0;  // prefix of the layout whose bytes are in the pages
   std::uint64_t page_bytes = 0;
   std::string layout_kind;         // "packed" or "engine"
@@ -130,6 +132,15 @@ struct AttachedSlot {
 
 // The text of the newest layout record an engine left for a model (cache key), if any.
 using EngineLayoutLookup = std::function<std::optional<std::string>(const std::string& key)>;
+
+// Pool memory an engine process may allocate (from the driver) beyond any slot's pages:
+// free pages of one GPU's pool whose memory thawd gave the driver for it. Held until the
+// engine's connection closes.
+struct EngineLease {
+  std::uint32_t gpu = 0;
+  std::size_t pages = 0;
+  std::uint64_t bytes = 0;
+};
 
 struct NodeServiceConfig {
   std::string registry;  // address (store.registry); "" = none configured
@@ -170,6 +181,11 @@ class NodeService {
 
   ServiceResult<OpenedFile> open_file(const std::string& model, const std::string& path);
   ServiceResult<AttachedSlot> attach(const std::string& model, const std::string& owner);
+  // Memory for an engine not attached to a slot (or not yet): the free pages of the pool of
+  // the GPU whose UUID is `gpu_uuid` ("" on a one-GPU node), their memory given to the
+  // driver for `owner` until release_owner(owner). With pool_share 0.9 a process that got
+  // nothing would have a tenth of the GPU. Returns the lease (all it holds, if it had one).
+  ServiceResult<EngineLease> lease_memory(const std::string& owner, const std::string& gpu_uuid);
   ServiceResult<void> confirm_import(const std::string& slot, std::uint64_t token);
   // The owner copied these pages' bytes out (offsets from the slot's base): they are freed.
   ServiceResult<std::size_t> free_pages(const std::string& owner, const std::string& slot,
@@ -207,6 +223,13 @@ class NodeService {
   void run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_ptr<FetchJob> job);
   // Moves finished prewarm threads to `done`; destroys slots whose eviction finished.
   void reap_slots_locked(std::vector<std::thread>& done);
+  // Whether an engine on `gpu` holds pool pages given to the driver for it.
+  bool engine_needs_driver_room_locked(std::uint32_t gpu) const;
+  // Before a prewarm of `bytes`: takes back pages a departed engine was lent, waiting a
+  // little for the driver to have their room again.
+  void wait_for_returned_pages(std::uint32_t gpu, std::uint64_t bytes);
+  // Gives the GPU's free pages to the driver for `owner` (added to its lease); locked.
+  EngineLease& lend_locked(const std::string& owner, std::uint32_t gpu, vmm::SlotId slot);
   SlotStatus slot_status_locked(const SlotRecord& record) const;
   void changed() { changes_.fetch_add(1); }
   // Evicts an engine's slot when it is released without a clean hand-back.
@@ -223,6 +246,7 @@ class NodeService {
   EngineLayoutLookup engine_layouts_;
   std::map<std::string, std::shared_ptr<FetchJob>> fetches_;  // by key, latest run
   std::map<std::string, std::shared_ptr<SlotRecord>> slots_;  // by slot id
+  std::map<std::string, EngineLease> leases_;                 // by owner
   std::vector<std::thread> finished_threads_;
   bool shutting_down_ = false;
 

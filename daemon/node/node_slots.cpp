@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <chrono>
+#include <thread>
 
 #include "common/safetensors/model.hpp"
 #include "daemon/log/log.hpp"
@@ -156,6 +158,7 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
                !layout) {
       error = layout.error().message;
     } else {
+      wait_for_returned_pages(record->gpu, layout->extent());
       CacheWeightSource source(cache_, record->key);
       vmm::PrewarmOptions options;
       options.layers = record->layers;
@@ -194,6 +197,28 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
     record->record_fingerprint = fingerprint;
   }
   changed();
+}
+
+void NodeService::wait_for_returned_pages(std::uint32_t gpu_index, std::uint64_t bytes) {
+  // An engine that just exited may still hold the pool's pages it was lent (the driver frees
+  // a process's memory a moment after it is gone): a prewarm started then waits for them
+  // rather than failing for want of pages that are on their way back — a few seconds at
+  // most, and never while another engine still needs the driver's room.
+  vmm::GpuMemory& gpu = *gpus_[gpu_index];
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (engine_needs_driver_room_locked(gpu_index)) return;
+      (void)gpu.take_back_returned();
+    }
+    const vmm::PoolInfo pool = gpu.pool();
+    if (pool.returned == 0 || pool.free * pool.page_bytes >= bytes ||
+        std::chrono::steady_clock::now() >= deadline) {
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 ServiceResult<void> NodeService::activate(const std::string& id, std::uint64_t kv_bytes) {
@@ -394,7 +419,8 @@ ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
                                      "thawctl prewarm {})",
                                      *key, model));
   }
-  auto range = gpus_[found->gpu]->export_range(found->slot, 0, found_resident);
+  vmm::GpuMemory& gpu = *gpus_[found->gpu];
+  auto range = gpu.export_range(found->slot, 0, found_resident);
   if (!range) {
     return service_error(error_name::kGpu,
                          fmt::format("exporting slot {}: {}", found->id, range.error().message));
@@ -409,18 +435,29 @@ ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
   out.weight_bytes = found->weight_bytes;
   out.resident_bytes = found_resident;
   out.token = range->token;
-  const vmm::PoolInfo pool = gpus_[found->gpu]->pool();
+  // The engine's budget beyond its weights: every free page of the pool, its memory given
+  // to the driver (the engine allocates with whatever driver calls it makes — the shim's
+  // layout, expandable segments, a library's own cuMemCreate — and none of them could use a
+  // page thawd kept). Pages other slots hold stay prewarmed, and a page given here is no
+  // prewarm's until this engine is gone: nothing is promised twice.
+  const vmm::PoolInfo pool = gpu.pool();
   out.page_bytes = pool.page_bytes;
   std::uint64_t slot_bytes = 0;
   for (const auto& page : range->pages) slot_bytes += page.bytes;
-  out.budget_bytes = static_cast<std::uint64_t>(pool.free) * pool.page_bytes + slot_bytes;
+  // (An engine that leased memory before it opened its model keeps that lease: it is part
+  // of the same budget.)
+  const EngineLease& lease = lend_locked(owner, found->gpu, found->slot);
+  out.lent_bytes = lease.gpu == found->gpu ? lease.bytes : 0;
+  out.budget_bytes = slot_bytes + out.lent_bytes;
   out.pages = std::move(*range);
   out.layout = found->layout;
   out.layout_kind = found->layout_kind;
   out.record_fingerprint = found->record_fingerprint;
   log(LogLevel::info,
-      fmt::format("slot {}: {} attached to {} ({} layout, {} of {} bytes resident)", found->id,
-                  found->key, owner, found->layout_kind, found_resident, found->weight_bytes),
+      fmt::format("slot {}: {} attached to {} ({} layout, {} of {} bytes resident; budget {} "
+                  "bytes, {} of them given to the driver from the pool)",
+                  found->id, found->key, owner, found->layout_kind, found_resident,
+                  found->weight_bytes, out.budget_bytes, out.lent_bytes),
       {{"MODEL", found->key}, {"SLOT", found->id}, {"GPU", std::to_string(found->gpu)}});
   changed();
   return out;
@@ -512,6 +549,9 @@ std::size_t NodeService::release_owner(const std::string& owner, const std::stri
                                        bool handback) {
   std::lock_guard lock(mutex_);
   std::size_t released = 0;
+  // The engine is gone (its connection closed): its lease ends; reap() takes the pages back
+  // once no engine on that GPU needs the driver's room.
+  if (slot.empty() && leases_.erase(owner) != 0) changed();
   for (auto& [id, record] : slots_) {
     if (record->owner != owner || (!slot.empty() && id != slot)) continue;
     ++released;
@@ -531,6 +571,52 @@ std::size_t NodeService::release_owner(const std::string& owner, const std::stri
     changed();
   }
   return released;
+}
+
+EngineLease& NodeService::lend_locked(const std::string& owner, std::uint32_t gpu_index,
+                                      vmm::SlotId slot) {
+  auto [it, added] = leases_.try_emplace(owner, EngineLease{gpu_index, 0, 0});
+  EngineLease& lease = it->second;
+  if (lease.gpu != gpu_index) return lease;  // one GPU's pool per engine
+  vmm::GpuMemory& gpu = *gpus_[gpu_index];
+  // Pages a departed engine left with the driver come back first, when no other engine
+  // here still allocates from the driver: they belong in this engine's budget.
+  if (!engine_needs_driver_room_locked(gpu_index)) (void)gpu.take_back_returned();
+  const vmm::PoolInfo pool = gpu.pool();
+  auto lent = gpu.lend_to_engine(slot, pool.free);
+  if (!lent) {
+    log(LogLevel::warning,
+        fmt::format("GPU {}: giving the pool's free pages to {}: {}", gpu_index, owner,
+                    lent.error().message),
+        {{"GPU", std::to_string(gpu_index)}});
+  } else if (*lent != 0) {
+    lease.pages += *lent;
+    lease.bytes += static_cast<std::uint64_t>(*lent) * pool.page_bytes;
+    changed();
+  }
+  return lease;
+}
+
+ServiceResult<EngineLease> NodeService::lease_memory(const std::string& owner,
+                                                     const std::string& gpu_uuid) {
+  std::lock_guard lock(mutex_);
+  if (shutting_down_) return service_error(error_name::kShuttingDown, "thawd is stopping");
+  std::optional<std::uint32_t> index;
+  for (std::uint32_t i = 0; i < gpus_.size(); ++i) {
+    if (gpus_[i]->uuid() == gpu_uuid || (gpu_uuid.empty() && gpus_.size() == 1)) index = i;
+  }
+  if (!index) {
+    return service_error(error_name::kUnknownGpu,
+                         fmt::format("thawd manages no GPU with UUID \"{}\" ({} managed); the "
+                                     "engine allocates from the driver alone",
+                                     gpu_uuid, gpus_.size()));
+  }
+  const EngineLease lease = lend_locked(owner, *index, vmm::kNoSlot);
+  log(LogLevel::info,
+      fmt::format("GPU {}: {} may allocate {} bytes of the pool (given to the driver for it)",
+                  *index, owner, lease.bytes),
+      {{"GPU", std::to_string(*index)}});
+  return lease;
 }
 
 }  // namespace thaw::daemon

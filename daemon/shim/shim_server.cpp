@@ -343,6 +343,14 @@ bool ShimServer::handle(Connection& c, proto::Received& in) {
       if (!freed) return reply_error(c, m, freed.error());
       return send(c, reply_of(MessageType::ok, {{"freed", *freed}}));
     }
+    case MessageType::lease_memory: {
+      auto uuid = text_field(m.body, "gpu_uuid");
+      if (!uuid) return false;
+      auto lease = service_.lease_memory(c.owner, *uuid);
+      if (!lease) return reply_error(c, m, lease.error());
+      return send(c,
+                  reply_of(MessageType::ok, {{"gpu", lease->gpu}, {"budget_bytes", lease->bytes}}));
+    }
     case MessageType::imported: {
       auto slot = text_field(m.body, "slot");
       auto token = m.body.find("token");

@@ -259,6 +259,17 @@ std::optional<AttachedSlot> daemon_attach_slot(const std::string& model) {
   return Connection::get().attach(model);
 }
 
+std::optional<std::uint64_t> daemon_lease_memory(const std::string& gpu_uuid) {
+  proto::Message m;
+  m.type = proto::MessageType::lease_memory;
+  m.body = {{"gpu_uuid", gpu_uuid}};
+  auto reply = expect_reply(std::move(m), proto::MessageType::ok);
+  if (!reply) return std::nullopt;
+  auto bytes = reply->message.body.find("budget_bytes");
+  if (bytes == reply->message.body.end() || !bytes->is_number_unsigned()) return std::nullopt;
+  return bytes->get<std::uint64_t>();
+}
+
 void daemon_after_fork_in_child() {
   Connection::get().after_fork_in_child();
 }

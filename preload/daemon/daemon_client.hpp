@@ -52,6 +52,11 @@ struct AttachedSlot {
 };
 std::optional<AttachedSlot> daemon_attach_slot(const std::string& model);
 
+// Asks thawd for memory of the pool of the GPU with UUID `gpu_uuid` (32 hex digits): the
+// bytes this engine may allocate from the driver beyond what it holds now, until it exits.
+// nullopt: no thawd, or it manages no such GPU.
+std::optional<std::uint64_t> daemon_lease_memory(const std::string& gpu_uuid);
+
 // In a forked child: the parent's connection is the parent's. The child closes its copy
 // (without a word on it) and connects afresh when it needs thawd.
 void daemon_after_fork_in_child();

@@ -51,7 +51,7 @@ void attach_once(const std::string& model) {
   const char* v = std::getenv("THAW_PRELOAD_ATTACH");
   if (v == nullptr || std::string_view(v) != "1" || tried.exchange(true)) return;
   if (auto slot = daemon_attach_slot(model)) {
-    set_memory_budget(slot->budget_bytes);
+    grant_memory_budget(slot->budget_bytes);
     debug("attached to slot {} of {}: cuMemGetInfo answers a budget of {} bytes", slot->slot, model,
           slot->budget_bytes);
     debug("slot {} holds {} of its layout's bytes in a {} layout ({} pages)", slot->slot,

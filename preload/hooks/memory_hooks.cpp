@@ -6,11 +6,13 @@
 
 #include <algorithm>
 
+#include "preload/daemon/daemon_client.hpp"
 #include "preload/hooks/engine_memory.hpp"
 #include "preload/hooks/injector_instance.hpp"
 #include "preload/hooks/layout_instance.hpp"
 #include "preload/hooks/recorder_instance.hpp"
 #include "preload/interpose/hook_table.hpp"
+#include "preload/interpose/real_driver.hpp"
 #include "preload/shim/shim_state.hpp"
 
 using namespace thaw::preload;
@@ -25,6 +27,41 @@ void fix_range_attribute(CUpointer_attribute attribute, void* data, const Layout
   if (attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data) = a.size;
 }
 
+// With thawd there, an engine allocates out of thawd's pool: at its first allocation or
+// memory query (a context is current by then) the shim asks thawd for the pool's free pages
+// of this GPU, which thawd gives to the driver for this process until it exits. Without
+// that, an engine not attached to a slot would have only what the pool leaves the driver
+// (a tenth of the GPU at the default pool_share). THAW_PRELOAD_LEASE=0 opts out.
+void lease_pool_memory_once() {
+  static std::atomic<bool> tried{false};
+  if (tried.load(std::memory_order_acquire) || memory_budget()) return;
+  const char* opt = std::getenv("THAW_PRELOAD_LEASE");
+  if (opt != nullptr && std::string_view(opt) == "0") return;
+  auto ctx_get_device = reinterpret_cast<CUresult (*)(CUdevice*)>(driver_symbol("cuCtxGetDevice"));
+  auto get_uuid =
+      reinterpret_cast<CUresult (*)(CUuuid*, CUdevice)>(driver_symbol("cuDeviceGetUuid_v2"));
+  if (get_uuid == nullptr) {
+    get_uuid = reinterpret_cast<CUresult (*)(CUuuid*, CUdevice)>(driver_symbol("cuDeviceGetUuid"));
+  }
+  CUdevice device = 0;
+  CUuuid uuid{};
+  if (ctx_get_device == nullptr || get_uuid == nullptr || ctx_get_device(&device) != CUDA_SUCCESS ||
+      get_uuid(&uuid, device) != CUDA_SUCCESS) {
+    return;  // no context yet: at the next call
+  }
+  if (tried.exchange(true)) return;
+  std::string hex;
+  for (char b : uuid.bytes) hex += fmt::format("{:02x}", static_cast<unsigned char>(b));
+  // Nothing lent (another engine holds the pool's free pages): the driver's own answers.
+  if (auto bytes = daemon_lease_memory(hex); bytes && *bytes != 0) {
+    grant_memory_budget(*bytes);
+    debug(
+        "thawd lent this engine {} bytes of its pool (GPU {}); cuMemGetInfo answers from "
+        "that budget",
+        *bytes, hex);
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -32,22 +69,36 @@ extern "C" {
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   auto driver_fn = real<decltype(&cuMemAlloc_v2)>(Hook::mem_alloc);
   if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  if (ReentryGuard::inside() || config().disabled || !config().deterministic) {
+  // Calls the driver refuses anyway (no pointer, no bytes) go to it as they are.
+  if (ReentryGuard::inside() || config().disabled || dptr == nullptr || bytesize == 0) {
     return driver_fn(dptr, bytesize);
   }
   ReentryGuard guard;
-  counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
-  DeterministicLayout* layout = layout_instance();
-  // An attached engine's injector becomes the layout's page backing before the weights'
-  // allocations (it is built once the driver is loaded).
-  (void)injector_instance();
+  lease_pool_memory_once();
+  // An engine attached to a slot allocates within the budget thawd granted it: past it the
+  // answer is OUT_OF_MEMORY at once, as the driver's would be on a device of that size.
+  if (!charge_engine_bytes(bytesize)) {
+    debug("cuMemAlloc({}) = OUT_OF_MEMORY: {} of the budget of {} bytes are in use", bytesize,
+          engine_bytes(), memory_budget().value_or(0));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  DeterministicLayout* layout = config().deterministic ? layout_instance() : nullptr;
+  if (config().deterministic) {
+    counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
+    // An attached engine's injector becomes the layout's page backing before the weights'
+    // allocations (it is built once the driver is loaded).
+    (void)injector_instance();
+  }
   if (layout != nullptr) {
     if (auto r = layout->allocate(dptr, bytesize)) {
       if (*r == CUDA_SUCCESS) {
-        note_engine_alloc(*dptr, bytesize);
+        auto a = layout->find(*dptr);
+        note_engine_alloc(*dptr, bytesize, a ? a->mapped : bytesize);
         counters().deterministic_allocations.fetch_add(1, std::memory_order_relaxed);
         debug("cuMemAlloc({}) = {:#x} (deterministic #{})", bytesize, *dptr,
               layout->allocations() - 1);
+      } else {
+        refund_engine_bytes(bytesize);
       }
       return *r;
     }
@@ -56,9 +107,15 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
                   "deterministic layout off: " + *why + "; allocations use the driver's addresses");
     }
   }
-  counters().passthrough_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (config().deterministic) {
+    counters().passthrough_allocations.fetch_add(1, std::memory_order_relaxed);
+  }
   const CUresult r = driver_fn(dptr, bytesize);
-  if (r == CUDA_SUCCESS) note_engine_alloc(*dptr, bytesize);
+  if (r == CUDA_SUCCESS) {
+    note_engine_alloc(*dptr, bytesize, bytesize);
+  } else {
+    refund_engine_bytes(bytesize);
+  }
   return r;
 }
 
@@ -73,6 +130,41 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
   if (!r) r = driver_fn(dptr);
   if (*r == CUDA_SUCCESS) note_engine_free(dptr);
   return *r;
+}
+
+// Physical memory the engine creates itself (PyTorch's expandable segments, NCCL's and
+// other libraries' cuMem allocations): device memory counts against the budget like
+// cuMemAlloc's; host or other locations are not the device's and pass unchanged.
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                     const CUmemAllocationProp* prop, unsigned long long flags) {
+  auto driver_fn = real<decltype(&cuMemCreate)>(Hook::mem_create);
+  if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ReentryGuard::inside() || config().disabled || handle == nullptr || prop == nullptr ||
+      size == 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return driver_fn(handle, size, prop, flags);
+  }
+  ReentryGuard guard;
+  lease_pool_memory_once();
+  if (!charge_engine_bytes(size)) {
+    debug("cuMemCreate({}) = OUT_OF_MEMORY: {} of the budget of {} bytes are in use", size,
+          engine_bytes(), memory_budget().value_or(0));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const CUresult r = driver_fn(handle, size, prop, flags);
+  if (r == CUDA_SUCCESS) {
+    note_engine_create(*handle, size, size);
+  } else {
+    refund_engine_bytes(size);
+  }
+  return r;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  auto driver_fn = real<decltype(&cuMemRelease)>(Hook::mem_release);
+  if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult r = driver_fn(handle);
+  if (r == CUDA_SUCCESS && !ReentryGuard::inside()) note_engine_release(handle);
+  return r;
 }
 
 // VA reservations with no fixed address (expandable segments) come from the layout's
@@ -120,8 +212,11 @@ CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   if (r != CUDA_SUCCESS || ReentryGuard::inside() || free == nullptr || total == nullptr) return r;
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
+  lease_pool_memory_once();
   // The engine sizes its KV cache now: slot pages whose bytes it copied go back first.
   if (WeightInjector* injector = injector_instance()) injector->poll();
+  // Both may have given the driver more room than it had when first asked.
+  if (const CUresult again = driver_fn(free, total); again != CUDA_SUCCESS) return again;
   if (auto budget = memory_budget()) {
     const std::uint64_t used = engine_bytes();
     const std::uint64_t left = *budget > used ? *budget - used : 0;

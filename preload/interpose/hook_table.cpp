@@ -24,6 +24,9 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr*, CUipcMemHandle, unsigned int);
 CUresult cuIpcCloseMemHandle(CUdeviceptr);
 CUresult cuMemAddressReserve(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
 CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemCreate(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                     unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
 }
 
 namespace thaw::preload {
@@ -47,6 +50,8 @@ std::array<HookEntry, static_cast<std::size_t>(Hook::count)>& table() {
       {"cuIpcCloseMemHandle", reinterpret_cast<void*>(&::cuIpcCloseMemHandle), {}},
       {"cuMemAddressReserve", reinterpret_cast<void*>(&::cuMemAddressReserve), {}},
       {"cuMemAddressFree", reinterpret_cast<void*>(&::cuMemAddressFree), {}},
+      {"cuMemCreate", reinterpret_cast<void*>(&::cuMemCreate), {}},
+      {"cuMemRelease", reinterpret_cast<void*>(&::cuMemRelease), {}},
   }};
   return t;
 }

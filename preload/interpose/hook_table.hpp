@@ -31,6 +31,8 @@ enum class Hook : std::size_t {
   ipc_close_mem_handle,
   mem_address_reserve,
   mem_address_free,
+  mem_create,
+  mem_release,
   count
 };
 

@@ -67,9 +67,11 @@ class LayoutRecordWithThawd : public ThawdFixture {
   Run run_shimmed(const std::string& tag, std::vector<std::string> args,
                   const std::string& extra_env = "", const std::string& binary = REFENGINE_BIN) {
     const fs::path shim_log = dir_.path() / (tag + ".shim.log");
+    // These engines run on an emulated GPU of their own (6 GB, not thawd's 256 MiB one): a
+    // lease of thawd's pool would cap them at a pool that is not theirs.
     const std::string env =
         "LD_PRELOAD=" THAW_PRELOAD_LIB " THAW_SOCKET=" + socket_path().string() +
-        " THAW_PRELOAD_LOG=" + shim_log.string() + " " + extra_env;
+        " THAW_PRELOAD_LOG=" + shim_log.string() + " THAW_PRELOAD_LEASE=0 " + extra_env;
     Run r;
     r.engine = refengine_test::run_engine(args, env, binary);
     r.shim_log = thaw::testing::slurp(shim_log);

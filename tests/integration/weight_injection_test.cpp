@@ -10,7 +10,10 @@
 //   - a partial prewarm (first k layers) injects what it holds, the rest is copied from
 //     the files, in both modes;
 //   - a perturbed allocation sequence (expandable segments) leaves zero-copy and copies for
-//     real; an engine killed with SIGKILL leaves nothing behind (its slot is evicted).
+//     real; an engine killed with SIGKILL leaves nothing behind (its slot is evicted);
+//   - at the shipped pool_share (0.9) an attached engine's budget is the pool's: it sizes its
+//     KV cache nearly as it would without thaw and allocates all of it, and one that asks
+//     for more than its budget is refused at once (issue 20).
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -116,13 +119,18 @@ class WeightInjection : public ThawdFixture {
     for (int i = 0; i < 50; ++i) {
       used = device_bytes_in_use();
       pool = pool_bytes();
-      if (used == pool && pool == kPoolBytes) return ::testing::AssertionSuccess();
+      if (used == pool && pool == pool_size()) return ::testing::AssertionSuccess();
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return ::testing::AssertionFailure()
-           << "the GPU holds " << used << " bytes, thawd's pool " << pool << " of " << kPoolBytes;
+           << "the GPU holds " << used << " bytes, thawd's pool " << pool << " of " << pool_size();
   }
-  static constexpr std::uint64_t kPoolBytes = 128ull << 20;  // pool_share 0.5 of 256 MiB
+  // pool_share of the 256 MiB emulated GPU, in whole 2 MiB pages.
+  std::uint64_t pool_size() const {
+    constexpr std::uint64_t kPage = 2ull << 20;
+    const auto bytes = static_cast<std::uint64_t>(double(256ull << 20) * std::stod(pool_share_));
+    return bytes / kPage * kPage;
+  }
 
   // Bytes in use on the emulated GPU by every live process sharing thawd's GPU.
   std::uint64_t device_bytes_in_use() {
@@ -315,6 +323,69 @@ TEST_F(WeightInjection, APerturbedSequenceCopiesForRealAndAKilledEngineLeavesNot
   EXPECT_TRUE(slots_settled().empty()) << slots().dump() << log();
   EXPECT_NE(log().find("evicted as its engine went"), std::string::npos) << log();
   EXPECT_TRUE(only_thawds_pool_on_the_gpu()) << "nothing of the killed engine is left";
+  EXPECT_EQ(stop_thawd(), 0) << log();
+}
+
+// The KV-cache blocks an engine chose (its kv_cache_ready timeline event), or -1.
+long kv_blocks_of(const refengine_test::EngineRun& r) {
+  static const std::regex blocks(R"re("kv_cache_ready".*?"num_blocks":(\d+))re");
+  std::smatch m;
+  return std::regex_search(r.err, m, blocks) ? std::stol(m[1]) : -1;
+}
+
+TEST_F(WeightInjection, AtTheShippedPoolShareAZeroCopyEngineGetsNearlyTheKvCacheOfOneWithoutThaw) {
+  start_registry();
+  // The KV cache sized from cuMemGetInfo, as vLLM sizes it.
+  auto sized = [](const fs::path& model) {
+    return refengine_test::small_generate_args(
+        model, {"--gpu-memory-utilization", "0.9", "--enforce-eager"});
+  };
+  // Without thaw, the whole emulated GPU is the engine's.
+  const auto alone = refengine_test::run_engine(sized(registry_->model_dir()), device_env(false));
+  ASSERT_EQ(alone.exit_code, 0) << alone.err;
+  const long alone_blocks = kv_blocks_of(alone);
+  ASSERT_GT(alone_blocks, 0) << alone.err;
+
+  pool_share_ = "0.9";  // packaging/thawd.toml's
+  start_thawd(BusPolicy::open);
+  ASSERT_EQ(thawctl({"fetch", "gpt-syn"}).exit_code, 0) << log();
+  // A first run (fixed KV: the driver alone has only a tenth of the GPU) records the layout.
+  const Run first = run_shimmed("record", engine_args(model()), false);
+  ASSERT_EQ(first.engine.exit_code, 0) << first.engine.err << first.shim_log;
+  ASSERT_EQ(thawctl({"prewarm", "gpt-syn"}).exit_code, 0) << log();
+  ASSERT_EQ(slots()[0].value("layout", ""), "engine") << slots().dump() << log();
+
+  const Run run = run_shimmed("zero-copy", sized(model()), true);
+  ASSERT_EQ(run.engine.exit_code, 0) << run.engine.err << run.shim_log;
+  EXPECT_EQ(tokens_of(run.engine), tokens_of(alone));
+  auto inj = injection_of(run.shim_log);
+  ASSERT_TRUE(inj) << run.shim_log;
+  EXPECT_TRUE(inj->zero_copy) << run.shim_log;
+  const long blocks = kv_blocks_of(run.engine);
+  // kv_cache_ready comes after every KV tensor was allocated: it has all of it.
+  EXPECT_GE(double(blocks), 0.85 * double(alone_blocks))
+      << "KV blocks under thaw " << blocks << ", without thaw " << alone_blocks;
+  EXPECT_TRUE(only_thawds_pool_on_the_gpu());
+  EXPECT_EQ(stop_thawd(), 0) << log();
+}
+
+TEST_F(WeightInjection, AnEngineAskingForMoreThanItsBudgetIsRefusedAtOnce) {
+  start_registry();
+  pool_share_ = "0.9";
+  start_thawd(BusPolicy::open);
+  ASSERT_EQ(thawctl({"prewarm", "gpt-syn"}).exit_code, 0) << log();
+  // 2 million KV blocks are far more than the 256 MiB GPU: the allocation is refused
+  // (OUT_OF_MEMORY, no hang) and nothing of another slot or of the pool is taken.
+  const auto started = std::chrono::steady_clock::now();
+  const Run run =
+      run_shimmed("greedy",
+                  refengine_test::small_generate_args(
+                      model(), {"--num-gpu-blocks-override", "2000000", "--enforce-eager"}),
+                  true);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(120));
+  EXPECT_NE(run.engine.exit_code, 0);
+  EXPECT_NE(run.engine.err.find("out of memory"), std::string::npos) << run.engine.err;
+  EXPECT_TRUE(only_thawds_pool_on_the_gpu());
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 

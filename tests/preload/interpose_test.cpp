@@ -55,7 +55,8 @@ bool hooked(const std::string& variant) {
       "cuMemcpyHtoD_v2_ptds",  "cuMemcpyHtoDAsync_v2",   "cuMemcpyHtoDAsync_v2_ptsz",
       "cuMemGetInfo_v2",       "cuIpcGetMemHandle",      "cuIpcOpenMemHandle_v2",
       "cuIpcCloseMemHandle",   "cuMemAddressReserve",    "cuMemAddressFree",
-      "cuGetProcAddress_v2",   "cuGetProcAddress"};
+      "cuMemCreate",           "cuMemRelease",           "cuGetProcAddress_v2",
+      "cuGetProcAddress"};
   return kHooked.contains(variant);
 }
 

@@ -229,6 +229,20 @@ TEST_F(GpuMemoryTest, ActivateMapsKvInTheBackgroundAndDeactivateReturnsIt) {
   expect_consistent();
 }
 
+// A KV size near 2^64 (D-Bus Activate takes any u64) is clamped to what the slot can map,
+// never wrapped to none.
+TEST_F(GpuMemoryTest, AnEnormousKvRequestIsClampedNotWrappedToNothing) {
+  start();
+  make_model();
+  const SlotId id = prewarmed_slot("a");
+  auto report = gpu_->activate(id, ActivationOptions{~std::uint64_t{0} - 1});
+  ASSERT_TRUE(report) << report.error().message;
+  EXPECT_GT(report->kv_target_bytes, 0u);
+  EXPECT_EQ(report->kv_target_bytes % gpu_->pool().page_bytes, 0u);
+  ASSERT_TRUE(gpu_->deactivate(id));
+  expect_consistent();
+}
+
 TEST_F(GpuMemoryTest, ActivationEvictsOtherSlotsOnlyWhenTheBudgetNeedsThem) {
   start();
   make_model();

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <random>
 #include <thread>
 
 #include "daemon/store/fetch/manifest_publish.hpp"
@@ -29,9 +32,7 @@ class NodeServiceTest : public ::testing::Test {
     auto driver = thaw::cuda::Driver::load();
     ASSERT_TRUE(driver) << driver.error().what();
     driver_ = *driver;
-    thaw::vmm::GpuMemoryConfig gc;
-    gc.pool_bytes = 64 << 20;
-    auto gpu = thaw::vmm::GpuMemory::create(*driver, gc);
+    auto gpu = thaw::vmm::GpuMemory::create(*driver, gpu_config());
     ASSERT_TRUE(gpu) << gpu.error().message;
     gpu_ = std::move(*gpu);
     service_ = std::make_unique<NodeService>(*cache_, std::vector{gpu_.get()},
@@ -40,6 +41,11 @@ class NodeServiceTest : public ::testing::Test {
   void TearDown() override {
     service_.reset();
     gpu_.reset();
+  }
+  virtual thaw::vmm::GpuMemoryConfig gpu_config() const {
+    thaw::vmm::GpuMemoryConfig gc;
+    gc.pool_bytes = 64 << 20;
+    return gc;
   }
 
   // Until `check` holds, reaping as thawd's timer would.
@@ -166,6 +172,11 @@ TEST_F(NodeServiceTest, PagesAnEngineCopiedOutAreFreedAndItsSlotIsNotHandedBack)
   auto a = service_->attach("gpt-syn", "pid 1");
   ASSERT_TRUE(a) << a.error().message;
   ASSERT_GE(a->pages.pages.size(), 2u);
+  // The engine's budget beyond the slot is every free page, their memory the driver's now.
+  EXPECT_EQ(a->lent_bytes, free_before * gpu_->pool().page_bytes);
+  EXPECT_EQ(a->budget_bytes, a->lent_bytes + a->pages.pages.size() * gpu_->pool().page_bytes);
+  EXPECT_EQ(gpu_->pool().free, 0u);
+  EXPECT_EQ(gpu_->pool().returned, free_before);
   for (const auto& p : a->pages.pages) ::close(p.fd);
   EXPECT_EQ(a->layout_kind, "packed");
   EXPECT_EQ(a->resident_bytes, a->weight_bytes);
@@ -176,12 +187,13 @@ TEST_F(NodeServiceTest, PagesAnEngineCopiedOutAreFreedAndItsSlotIsNotHandedBack)
   ASSERT_TRUE(freed) << freed.error().message;
   EXPECT_EQ(*freed, 2u);
   // Their memory went back to the driver: the engine needs the room for its own copy.
-  EXPECT_EQ(gpu_->pool().free, free_before);
-  EXPECT_EQ(gpu_->pool().returned, 2u);
-  EXPECT_EQ(service_->gpus()[0].pool_bytes, (gpu_->pool().pages - 2) * gpu_->pool().page_bytes);
+  EXPECT_EQ(gpu_->pool().free, 0u);
+  EXPECT_EQ(gpu_->pool().returned, free_before + 2);
+  EXPECT_EQ(service_->gpus()[0].pool_bytes,
+            (gpu_->pool().pages - free_before - 2) * gpu_->pool().page_bytes);
   EXPECT_EQ(service_->slot(*slot).value().resident_bytes, 0u) << "its prefix is gone";
   service_->reap();
-  EXPECT_EQ(gpu_->pool().returned, 2u) << "not while the engine holds the slot";
+  EXPECT_EQ(gpu_->pool().returned, free_before + 2) << "not while the engine holds the slot";
   // Asking for a hand-back does not keep a slot that gave pages away; once the engine is
   // gone the pool takes its pages back from the driver.
   EXPECT_EQ(service_->release_owner("pid 1", "", /*handback=*/true), 1u);
@@ -213,6 +225,113 @@ TEST_F(NodeServiceTest, RequestsNameWhatIsWrong) {
   NodeService no_registry(*cache_, {}, NodeServiceConfig{});
   EXPECT_EQ(no_registry.fetch("gpt-syn").error().name, error_name::kNoRegistry);
   EXPECT_EQ(no_registry.prewarm("gpt-syn", std::nullopt).error().name, error_name::kNoGpu);
+}
+
+// At the shipped pool_share (0.9 of the emulated GPU: the driver alone has a tenth),
+// random sequences of prewarms, attaches, engines allocating their whole budget, clean exits,
+// kills and evictions. Each engine is this process allocating with cuMemAlloc what thawd's
+// budget promised it beyond its slot; every such allocation must succeed (nothing promised
+// twice, nothing promised that the driver does not have), every page keeps one owner, and
+// when all engines are gone and all slots evicted the pool holds every page again.
+class EngineBudgetProperty : public NodeServiceTest {
+ protected:
+  thaw::vmm::GpuMemoryConfig gpu_config() const override {
+    thaw::vmm::GpuMemoryConfig gc;  // pool_bytes 0: pool_share of the device, 0.9
+    return gc;
+  }
+  struct Engine {
+    std::string owner, slot;
+    std::uint64_t lent = 0;
+    std::vector<CUdeviceptr> allocations;
+  };
+  void end(Engine& e, bool handback) {
+    for (CUdeviceptr p : e.allocations) ASSERT_TRUE(driver_->mem_free(p));
+    EXPECT_EQ(service_->release_owner(e.owner, "", handback), 1u);
+  }
+};
+
+TEST_F(EngineBudgetProperty, RandomPrewarmAttachExitKillSequencesNeverOvercommitNorLeak) {
+  ASSERT_EQ(gpu_config().pool_share, 0.9);
+  auto device = driver_->device_get(0);
+  ASSERT_TRUE(device);
+  auto context = driver_->primary_ctx_retain(*device);
+  ASSERT_TRUE(context);
+  ASSERT_TRUE(driver_->ctx_set_current(*context));
+  const std::size_t page = gpu_->pool().page_bytes;
+  std::size_t attaches = 0, kills = 0;
+  for (unsigned seed = 1; seed <= 6; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    std::mt19937 rng(seed);
+    std::vector<Engine> engines;
+    int next_pid = 1;
+    for (int step = 0; step < 14; ++step) {
+      const int action = std::uniform_int_distribution<int>(0, 4)(rng);
+      if (action == 0 && service_->slots().size() < 3) {
+        auto slot = service_->prewarm("gpt-syn", std::nullopt);
+        ASSERT_TRUE(slot) << slot.error().message;
+        // With engines holding the pool's free pages a prewarm may find no room: it fails,
+        // it never takes an engine's pages.
+        ASSERT_TRUE(until([&] {
+          const std::string st = slot_state(*slot);
+          return st == "prewarmed" || st == "failed";
+        }));
+        if (slot_state(*slot) == "failed") {
+          ASSERT_TRUE(service_->evict(*slot));
+        }
+      } else if (action == 1) {
+        const std::string owner = fmt::format("pid {}", next_pid++);
+        auto a = service_->attach("gpt-syn", owner);
+        if (!a) continue;  // no free prewarmed slot
+        ++attaches;
+        for (const auto& p : a->pages.pages) ::close(p.fd);
+        Engine e{owner, a->slot, a->lent_bytes, {}};
+        // The engine allocates all it was promised beyond its slot, as its KV cache would.
+        if (e.lent != 0) {
+          auto ptr = driver_->mem_alloc(e.lent);
+          ASSERT_TRUE(ptr) << "an engine could not allocate the " << e.lent
+                           << " bytes its budget promised: " << ptr.error().what();
+          e.allocations.push_back(*ptr);
+        }
+        engines.push_back(std::move(e));
+      } else if ((action == 2 || action == 3) && !engines.empty()) {
+        const std::size_t i =
+            std::uniform_int_distribution<std::size_t>(0, engines.size() - 1)(rng);
+        kills += action == 3 ? 1 : 0;
+        end(engines[i], /*handback=*/action == 2);
+        engines.erase(engines.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (action == 4) {
+        for (const SlotStatus& s : service_->slots()) {
+          if (s.owner.empty() && s.state == "prewarmed") {
+            ASSERT_TRUE(service_->evict(s.id));
+            break;
+          }
+        }
+      }
+      service_->reap();
+      gpu_->wait_idle();
+      auto ok = gpu_->check_invariants();
+      ASSERT_TRUE(ok) << ok.error();
+      // Every live engine's pages are still out for it: none went to a prewarm.
+      std::uint64_t promised = 0;
+      for (const Engine& e : engines) promised += e.lent;
+      EXPECT_GE(gpu_->pool().returned * page, promised);
+    }
+    for (Engine& e : engines) end(e, /*handback=*/false);
+    engines.clear();
+    ASSERT_TRUE(until([&] {
+      for (const SlotStatus& s : service_->slots()) {
+        if (s.state == "prewarmed" || s.state == "failed" || s.state == "empty") {
+          (void)service_->evict(s.id);
+        }
+      }
+      return service_->slots().empty() && gpu_->pool().returned == 0;
+    })) << "pages left out of the pool: "
+        << gpu_->pool().returned;
+    EXPECT_EQ(gpu_->pool().free, gpu_->pool().pages);
+  }
+  EXPECT_GT(attaches, 4u) << "the sequences should attach engines";
+  EXPECT_GT(kills, 0u);
+  (void)driver_->primary_ctx_release(*device);
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ class ThawdFixture : public ::testing::Test {
         << "[store]\ncache_dir = \"" << (dir_.path() / "cache").string()
         << "\"\ncache_budget = \"256MiB\"\nregistry = \""
         << (registry_ ? registry_->server().base_url() : "") << "\"\nmax_rate = \"" << max_rate
-        << "\"\nconnections = 2\n[gpu]\npool_share = 0.5\n[shim]\nsocket = \""
+        << "\"\nconnections = 2\n[gpu]\npool_share = " << pool_share_ << "\n[shim]\nsocket = \""
         << socket_path().string() << "\"\n[dbus]\nbus = \"" << bus_->address()
         << "\"\n[metrics]\nlisten = \"127.0.0.1:" << metrics_port_ << "\"\n";
     std::filesystem::remove(dir_.path() / "notify");
@@ -78,6 +78,8 @@ class ThawdFixture : public ::testing::Test {
     return run(args);
   }
   std::string log() const { return slurp(dir_.path() / "thawd.log"); }
+  // gpu.pool_share of the next start_thawd() (the tests' default leaves half to the driver).
+  std::string pool_share_ = "0.5";
   std::uint64_t model_bytes() const { return model_bytes_; }
   std::string metrics_url() const {
     return "http://127.0.0.1:" + std::to_string(metrics_port_) + "/metrics";
