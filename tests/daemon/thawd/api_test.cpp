@@ -287,6 +287,21 @@ TEST_F(ThawdFixture, KillNineMidFetchThenRestartResumesAndNeverShowsPartialAsCom
     resumed_bytes += std::stoull(access[i].substr(access[i].rfind(' ') + 1));
   }
   EXPECT_LT(resumed_bytes, model_bytes() - before_kill / 2);
+  // Every --json output is snake_case, fetch's and wait's too (they printed the bus's names).
+  for (const std::vector<std::string>& command :
+       {std::vector<std::string>{"--json", "fetch", "gpt-syn"},
+        std::vector<std::string>{"--json", "wait", "gpt-syn"}}) {
+    auto r = thawctl(command);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto doc = nlohmann::json::parse(r.output);
+    EXPECT_EQ(doc["key"], "gpt-syn") << r.output;
+    EXPECT_EQ(doc["state"], "complete") << r.output;
+    EXPECT_EQ(doc["integrity"], "verified") << r.output;
+    EXPECT_EQ(doc["fetched_bytes"], model_bytes()) << r.output;
+    EXPECT_FALSE(doc.contains("State")) << r.output;
+  }
+  auto listed_again = nlohmann::json::parse(thawctl({"--json", "models"}).output);
+  EXPECT_EQ(listed_again[0]["integrity"], "verified");
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
