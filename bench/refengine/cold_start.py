@@ -13,7 +13,12 @@ Kernels run as host twins on the CPU, so phases that execute kernels (profile ru
 warm-ups, decoding) take this machine's CPU time rather than an H100's; copy phases follow the
 timing model. Read the numbers as a breakdown of where a cold start spends its time here.
 
-Usage: bench/refengine/cold_start.py [--build build/default] [--model-dir DIR] [--json]
+Usage: bench/refengine/cold_start.py [--build build/default] [--model-dir DIR] [--twins LIB]
+                                     [--json]
+
+--twins picks the kernel library (THAW_EMU_KERNELS; default the shipped
+librefengine_kernels_twins.so): tools/refengine/librefengine_kernels_twins_reference.so is the
+kernel-mirroring twins from before issue 20, for a before/after.
 """
 
 import argparse
@@ -35,12 +40,12 @@ PHASES = [
 ]
 
 
-def run_engine(build, model, extra, workdir, name):
+def run_engine(build, model, extra, workdir, name, twins):
     timeline = os.path.join(workdir, f"{name}.timeline.jsonl")
     env = dict(os.environ)
     env.update({
         "REFENGINE_LIBCUDA": os.path.join(build, "emu", "libcuda.so.1"),
-        "THAW_EMU_KERNELS": os.path.join(build, "tools", "refengine", "librefengine_kernels_twins.so"),
+        "THAW_EMU_KERNELS": twins,
         "THAW_EMU_STATE_DIR": tempfile.mkdtemp(prefix="emu-state-", dir=workdir),
         "THAW_EMU_TIMING": "1",
         "THAW_EMU_DEVICE_MEMORY": "80G",
@@ -76,9 +81,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build/default")
     ap.add_argument("--model-dir", help="where the synthetic gpt2-medium is (or is written)")
+    ap.add_argument("--twins", help="kernel library (default: the build's shipped twins)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
+    twins = os.path.abspath(args.twins) if args.twins else os.path.join(
+        build, "tools", "refengine", "librefengine_kernels_twins.so")
     workdir = tempfile.mkdtemp(prefix="refengine-bench-")
     model = args.model_dir or os.path.join(build, "bench-models", "gpt2-medium-f32")
     if not os.path.exists(os.path.join(model, "config.json")):
@@ -87,7 +95,7 @@ def main():
                        check=True)
     results = {}
     for name, extra in (("graphs", []), ("eager", ["--enforce-eager"])):
-        rows, by = breakdown(run_engine(build, model, extra, workdir, name))
+        rows, by = breakdown(run_engine(build, model, extra, workdir, name, twins))
         results[name] = {"rows": rows, "ready_ms": by["ready"]["since_start_ms"],
                          "first_token_ms": by["first_token"]["since_start_ms"],
                          "weights_bytes": by["weights_loaded"]["bytes"]}
@@ -96,7 +104,8 @@ def main():
         print()
         return
     for name, r in results.items():
-        print(f"\n== gpt2-medium f32 ({r['weights_bytes'] / 1e9:.2f} GB), {name} ==")
+        print(f"\n== gpt2-medium f32 ({r['weights_bytes'] / 1e9:.2f} GB), {name}, "
+              f"{os.path.basename(twins)} ==")
         for label, ms in r["rows"]:
             print(f"  {label:<48} {ms:10.1f} ms")
         print(f"  {'time to ready':<48} {r['ready_ms']:10.1f} ms")

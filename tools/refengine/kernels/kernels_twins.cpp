@@ -8,12 +8,22 @@
 // loop per phase between two barriers. __shared__ arrays and per-thread values that live
 // across a barrier are fixed-size arrays (never std::vector): the emulator leaves a twin that
 // faults by longjmp, which must not skip destructors.
+//
+// The matrix products and attention, nearly all of a forward pass's time, also have fast forms
+// (twin_matmul.hpp, twin_attention.hpp): a matmul launch runs as one blocked product over the
+// whole grid, attention as whole-block loops. They compute every value with the same operations
+// in the same order as the mirrors, so they give the same bits (tests/refengine/twins_test.cpp)
+// — the emulator runs those. Built with REFENGINE_TWINS_REFERENCE (the reference library of
+// bench/refengine) this file runs the mirrors instead.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "kernels.h"
 #include "thaw/emu_twin.h"
+#include "twin_attention.hpp"
+#include "twin_dtypes.hpp"
+#include "twin_matmul.hpp"
 
 using thaw::emu::blockDim;
 using thaw::emu::blockIdx;
@@ -23,24 +33,11 @@ using thaw::emu::threadIdx;
 namespace {
 
 using refengine::kBlockSize;
-using refengine::kMaxContext;
-using refengine::kMaxHeadDim;
 using refengine::kTile;
-
-constexpr unsigned kMaxThreads = 1024;  // threads per block on sm_90
-
-struct F32 {
-  using T = float;
-  static float load(const float* p, long i) { return p[i]; }
-};
-struct F16 {
-  using T = unsigned short;
-  static float load(const unsigned short* p, long i) { return refengine::f16_to_f32(p[i]); }
-};
-struct BF16 {
-  using T = unsigned short;
-  static float load(const unsigned short* p, long i) { return refengine::bf16_to_f32(p[i]); }
-};
+using refengine::twin::BF16;
+using refengine::twin::F16;
+using refengine::twin::F32;
+using refengine::twin::kMaxThreads;
 
 // The kernels' block reductions need blockDim.x a power of two no larger than their arrays.
 bool valid_reduction_block() {
@@ -98,49 +95,8 @@ void layernorm(const float* x, const typename D::T* w, const typename D::T* b, f
   });
 }
 
-// The kernel's arithmetic per output element Y[row][col]: acc = 0, then one fmaf per k over
-// k = 0 .. ceil(K / kTile) * kTile - 1, in order (tile by tile, k within the tile), with x and w
-// zero beyond K (the shared tiles' padding: fma(0, 0, acc) turns a -0 acc into +0, which is
-// why the padding steps are kept), then + bias. Each output's fma chain is independent of the
-// others', so the twin computes the block's 16 x 16 outputs row by row with the 16 column
-// chains side by side (vectorisable, same rounding) instead of walking the block's threads:
-// the same bits as the thread-by-thread form, orders of magnitude faster on the host.
-template <class D, bool TRANSPOSED>
-void matmul_rows(const float* X, const typename D::T* W, const typename D::T* bias, float* Y, int M,
-                 int N, int K, int row0, int col0) {
-  const int cols = std::min(kTile, N - col0);
-  const int padded_k = (K + kTile - 1) / kTile * kTile;
-  for (int row = row0; row < std::min(row0 + kTile, M); ++row) {
-    const float* x = X + long(row) * K;
-    float acc[kTile] = {};
-    if (TRANSPOSED) {
-      // W is [N, K]: column c's weights are contiguous.
-      for (int c = 0; c < cols; ++c) {
-        const typename D::T* w = W + long(col0 + c) * K;
-        float a = 0.0f;
-        for (int k = 0; k < K; ++k) a = std::fma(x[k], D::load(w, k), a);
-        acc[c] = a;
-      }
-    } else if (cols == kTile) {  // a full strip: the 16 chains in lock step (vectorises)
-      for (int k = 0; k < K; ++k) {
-        const float xk = x[k];
-        const typename D::T* w = W + long(k) * N + col0;
-        for (int c = 0; c < kTile; ++c) acc[c] = std::fma(xk, D::load(w, c), acc[c]);
-      }
-    } else {
-      for (int k = 0; k < K; ++k) {
-        const float xk = x[k];
-        const typename D::T* w = W + long(k) * N + col0;
-        for (int c = 0; c < cols; ++c) acc[c] = std::fma(xk, D::load(w, c), acc[c]);
-      }
-    }
-    for (int k = K; k < padded_k; ++k)
-      for (int c = 0; c < cols; ++c) acc[c] = std::fma(0.0f, 0.0f, acc[c]);
-    for (int c = 0; c < cols; ++c)
-      Y[long(row) * N + col0 + c] = bias != nullptr ? acc[c] + D::load(bias, col0 + c) : acc[c];
-  }
-}
-
+// One block of the kernel (the per-block twin: the extern "C" functions below; the reference
+// twin library of bench/refengine registers these).
 template <class D, bool TRANSPOSED>
 void matmul(const float* X, const typename D::T* W, const typename D::T* bias, float* Y, int M,
             int N, int K) {
@@ -148,7 +104,29 @@ void matmul(const float* X, const typename D::T* W, const typename D::T* bias, f
   if (blockDim.x != kTile || blockDim.y != kTile || blockDim.z != 1) return;
   const int row0 = int(blockIdx.y) * kTile, col0 = int(blockIdx.x) * kTile;
   if (row0 >= M || col0 >= N) return;
-  matmul_rows<D, TRANSPOSED>(X, W, bias, Y, M, N, K, row0, col0);
+  refengine::twin::matmul_tile<D, TRANSPOSED>(X, W, bias, Y, M, N, K, row0, col0);
+}
+
+// Parameter i of a launch, of type T.
+template <class T>
+T arg(const ThawEmuLaunch* l, int i) {
+  return *static_cast<const T*>(l->params[i]);
+}
+
+// The whole launch at once (twin_matmul.hpp): every block the grid covers, with the same bits.
+// blockIdx.z repeats the same writes, so one pass serves any grid.z.
+template <class D, bool TRANSPOSED>
+void matmul_launch(const ThawEmuLaunch* l) {
+  if (l->block.x != unsigned(kTile) || l->block.y != unsigned(kTile) || l->block.z != 1) return;
+  using W = const typename D::T*;
+  const int i = TRANSPOSED ? 3 : 4;  // matmul_nt has no bias parameter
+  const int M = arg<int>(l, i), N = arg<int>(l, i + 1), K = arg<int>(l, i + 2);
+  if (M <= 0 || N <= 0 || l->grid.z == 0) return;
+  const int rows = int(std::min<long>(M, long(l->grid.y) * kTile));
+  const int cols = int(std::min<long>(N, long(l->grid.x) * kTile));
+  refengine::twin::matmul_grid<D, TRANSPOSED>(arg<const float*>(l, 0), arg<W>(l, 1),
+                                              TRANSPOSED ? nullptr : arg<W>(l, 2),
+                                              arg<float*>(l, i - 1), M, N, K, rows, cols);
 }
 
 }  // namespace
@@ -176,19 +154,29 @@ REFENGINE_DEFINE(f16, F16)
 REFENGINE_DEFINE(bf16, BF16)
 #undef REFENGINE_DEFINE
 
-// One registration per line: the macros name their registrar after __LINE__.
+// One registration per line: the macros name their registrar after __LINE__. The matrix
+// products run as whole launches (matmul_launch); the reference twin library of bench/refengine
+// (REFENGINE_TWINS_REFERENCE) runs them block by block as before, for its before/after.
+#ifdef REFENGINE_TWINS_REFERENCE
+#define REFENGINE_TWIN_MATMUL(NAME, D, TRANSPOSED) THAW_EMU_TWIN_PER_BLOCK(NAME)
+#else
+#define REFENGINE_TWIN_MATMUL(NAME, D, TRANSPOSED)                                 \
+  static ::thaw::emu::detail::Registrar THAW_EMU_CONCAT(thaw_emu_twin_, __LINE__)( \
+      reinterpret_cast<const void*>(&NAME), &matmul_launch<D, TRANSPOSED>)
+#endif
 THAW_EMU_TWIN_PER_THREAD(embedding_f32);
 THAW_EMU_TWIN_PER_BLOCK(layernorm_f32);
-THAW_EMU_TWIN_PER_BLOCK(matmul_bias_f32);
-THAW_EMU_TWIN_PER_BLOCK(matmul_nt_f32);
+REFENGINE_TWIN_MATMUL(matmul_bias_f32, F32, false);
+REFENGINE_TWIN_MATMUL(matmul_nt_f32, F32, true);
 THAW_EMU_TWIN_PER_THREAD(embedding_f16);
 THAW_EMU_TWIN_PER_BLOCK(layernorm_f16);
-THAW_EMU_TWIN_PER_BLOCK(matmul_bias_f16);
-THAW_EMU_TWIN_PER_BLOCK(matmul_nt_f16);
+REFENGINE_TWIN_MATMUL(matmul_bias_f16, F16, false);
+REFENGINE_TWIN_MATMUL(matmul_nt_f16, F16, true);
 THAW_EMU_TWIN_PER_THREAD(embedding_bf16);
 THAW_EMU_TWIN_PER_BLOCK(layernorm_bf16);
-THAW_EMU_TWIN_PER_BLOCK(matmul_bias_bf16);
-THAW_EMU_TWIN_PER_BLOCK(matmul_nt_bf16);
+REFENGINE_TWIN_MATMUL(matmul_bias_bf16, BF16, false);
+REFENGINE_TWIN_MATMUL(matmul_nt_bf16, BF16, true);
+#undef REFENGINE_TWIN_MATMUL
 
 extern "C" void gelu_new_f32(float* x, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -224,72 +212,15 @@ extern "C" void paged_attention_f32(float* out, const float* q, int q_stride, co
                                     const float* v_cache, const int* block_tables, int max_blocks,
                                     const int* context_lens, const int* query_seq,
                                     const int* query_pos, int n_head, int head_dim, float scale) {
-  if (!valid_reduction_block()) return;
-  float qs[kMaxHeadDim];      // __shared__
-  float scores[kMaxContext];  // __shared__
-  float red[kMaxThreads];     // __shared__
-  const int h = blockIdx.x, t = blockIdx.y;
-  if (head_dim > kMaxHeadDim) return;
-  const int seq = query_seq[t];
-  int len = context_lens[seq];
-  if (query_pos[t] + 1 < len) len = query_pos[t] + 1;
-  if (len > kMaxContext) len = kMaxContext;
-  const int* table = block_tables + long(seq) * max_blocks;
-  float* o = out + (long(t) * n_head + h) * head_dim;
-  if (len <= 0) {
-    for_each_thread([&] {
-      for (int d = threadIdx.x; d < head_dim; d += blockDim.x) o[d] = 0.0f;
-    });
-    return;
-  }
-  const auto cached = [&](const float* cache, int j) {
-    return cache +
-           ((long(table[j / kBlockSize]) * n_head + h) * kBlockSize + j % kBlockSize) * head_dim;
-  };
-  for_each_thread([&] {
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-      qs[d] = q[long(t) * q_stride + h * head_dim + d];
-  });
-  // __syncthreads()
-  for_each_thread([&] {
-    float m = -std::numeric_limits<float>::infinity();
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
-      const float* kp = cached(k_cache, j);
-      float dot = 0.0f;
-      for (int d = 0; d < head_dim; ++d) dot = std::fma(qs[d], kp[d], dot);
-      const float s = dot * scale;
-      scores[j] = s;
-      m = std::fmax(m, s);
-    }
-    red[threadIdx.x] = m;
-  });
-  for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    // __syncthreads() before each step
-    for_each_thread([&] {
-      const unsigned tid = threadIdx.x;
-      if (tid < stride) red[tid] = std::fmax(red[tid], red[tid + stride]);
-    });
-  }
-  const float mx = red[0];
-  // __syncthreads()
-  for_each_thread([&] {
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
-      const float e = refengine::exp_f32(scores[j] - mx);
-      scores[j] = e;
-      sum += e;
-    }
-    red[threadIdx.x] = sum;
-  });
-  block_sum(red);
-  const float total = red[0];
-  for_each_thread([&] {
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-      float acc = 0.0f;
-      for (int j = 0; j < len; ++j) acc = std::fma(scores[j], cached(v_cache, j)[d], acc);
-      o[d] = acc / total;
-    }
-  });
+  if (!valid_reduction_block() || head_dim > refengine::kMaxHeadDim) return;
+  const refengine::twin::AttentionArgs a{
+      out,          q,         q_stride,  k_cache, v_cache,  block_tables, max_blocks,
+      context_lens, query_seq, query_pos, n_head,  head_dim, scale};
+#ifdef REFENGINE_TWINS_REFERENCE
+  refengine::twin::paged_attention_threads(a, int(blockIdx.x), int(blockIdx.y));
+#else
+  refengine::twin::paged_attention_block(a, int(blockIdx.x), int(blockIdx.y), blockDim.x);
+#endif
 }
 THAW_EMU_TWIN_PER_BLOCK(paged_attention_f32);
 
