@@ -13,27 +13,39 @@
 #      headers first), the engine starts under LD_PRELOAD=libthaw-preload.so and loads while
 #      the bytes arrive; fetch start to the engine's "ready"
 #
-# Target: T <= 1.1 x max(F, E). Also printed: S / T. Every engine run's tokens must equal
-# the reference run's (the streamed load is checked, not only timed).
+# From E's timeline, EW = exec to "weights_loaded" (the engine's part that streaming can
+# overlap with the fetch) and E - EW = weights_loaded to "ready" (the profile batch and KV
+# cache sizing: they need every weight, so nothing overlaps them). Targets (issue 20's
+# restatement; issue 8's T <= 1.1 x max(F, E) assumed the part after the weights is short, which
+# an emulator running every kernel on the CPU cannot honour, so it is printed for reference):
+#   weights loaded:  TW / max(F, EW)               <= 1.1   (TW: fetch start to weights_loaded)
+#   ready:           T / (max(F, EW) + (E - EW))   <= 1.1
+# Also printed: S / T. Every engine run's tokens must equal the reference run's (the streamed
+# load is checked, not only timed).
 #
-# Usage: bench/preload/streaming_cold_start.sh [--rate 1gbit] [--repeats N]
+# Usage: bench/preload/streaming_cold_start.sh [--rate 1gbit] [--repeats N] [--no-build]
+# BUILD (default build/release) is the build directory; --no-build uses what it holds.
 # shellcheck source=bench/store/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../store/lib.sh"
 
 RATE=1gbit
 REPEATS=1
+DO_BUILD=1
 while [[ $# -gt 0 ]]; do
   case $1 in
     --rate) RATE=$2; shift 2 ;;
     --repeats) REPEATS=$2; shift 2 ;;
-    *) die "usage: $0 [--rate 1gbit] [--repeats N]" ;;
+    --no-build) DO_BUILD=0; shift ;;
+    *) die "usage: $0 [--rate 1gbit] [--repeats N] [--no-build]" ;;
   esac
 done
 
 BUILD=${BUILD:-$REPO_ROOT/build/release}
-[[ -f $BUILD/CMakeCache.txt ]] || cmake --preset release >/dev/null
-cmake --build "$BUILD" --target thaw-fetch thaw-genmodel thaw-preload refengine thaw_emu \
-  refengine_kernels_twins >/dev/null
+if ((DO_BUILD)); then
+  [[ -f $BUILD/CMakeCache.txt ]] || cmake --preset release >/dev/null
+  cmake --build "$BUILD" --target thaw-fetch thaw-genmodel thaw-preload refengine thaw_emu \
+    refengine_kernels_twins >/dev/null
+fi
 THAW_FETCH_BIN=$BUILD/tools/thaw-fetch/thaw-fetch
 REFENGINE=$BUILD/tools/refengine/refengine
 PRELOAD=$BUILD/preload/libthaw-preload.so
@@ -67,7 +79,7 @@ defer "rm -rf '$EMU_STATE'"
 ENGINE_ENV=(env REFENGINE_LIBCUDA="$BUILD/emu/libcuda.so.1"
   THAW_EMU_KERNELS="$BUILD/tools/refengine/librefengine_kernels_twins.so"
   THAW_EMU_DEVICE_MEMORY=8G THAW_EMU_STATE_DIR="$EMU_STATE" THAW_EMU_TIMING=1)
-# The emulator runs every kernel on the CPU (~1.8 s per token of gpt2-large here), so the
+# The emulator runs every kernel on the CPU (~0.1 s per token of gpt2-large here), so the
 # phases after the weights (profile run, graph warm-ups) are kept as small as the engine
 # allows: one 4-token profile batch, eager mode. They are reported separately: streaming can
 # only overlap the fetch with what comes before them.
@@ -130,20 +142,21 @@ for ((round = 1; round <= REPEATS; round++)); do
   done
   t_files=$(now)
   engine "$CACHE/$MODEL_NAME" "$WORK/t.timeline" "$WORK/t.out" LD_PRELOAD="$PRELOAD" \
-    THAW_PRELOAD_LOG="$WORK/shim.log"
+    THAW_PRELOAD_LOG="$WORK/shim.$round.log"
   wait "$FETCH_PID" || die "the streamed fetch failed"
   [[ $(tokens "$WORK/t.out") == "$REFERENCE" ]] || die "streamed engine: different tokens"
   T=$(awk -v a="$t0" -v b="$t_files" -v r="$(ready_s "$WORK/t.timeline")" 'BEGIN { print b - a + r }')
   TW=$(awk -v a="$t0" -v b="$t_files" -v r="$(event_s "$WORK/t.timeline" weights_loaded)" 'BEGIN { print b - a + r }')
-  STREAMED=$(grep -c 'served by userfaultfd' "$WORK/shim.log" || true)
+  STREAMED=$(grep -c 'served by userfaultfd' "$WORK/shim.$round.log" || true)
   rm -rf "$CACHE"
 
   awk -v f="$F" -v e="$E" -v ew="$EW" -v s="$S" -v t="$T" -v tw="$TW" -v m="$STREAMED" -v r="$round" 'BEGIN {
     mx = f > e ? f : e
     mxw = f > ew ? f : ew
-    printf "round %d: fetch alone F %.2f s; engine alone E %.2f s (weights loaded at %.2f s); sequential S %.2f s; streamed T %.2f s (weights loaded at %.2f s)\n", r, f, e, ew, s, t, tw
-    printf "         to ready:          T / max(F, E) = %.3f (target <= 1.1)   S / T = %.2fx\n", t / mx, s / t
-    printf "         to weights loaded: %.3f x max(F, E_weights); after the last byte the engine still spends E - E_weights = %.2f s (CPU-emulated profile run)\n", tw / mxw, e - ew
+    printf "round %d: fetch alone F %.2f s; engine alone E %.2f s (weights loaded at EW %.2f s, then E - EW %.2f s of profile batch and KV sizing); sequential S %.2f s; streamed T %.2f s (weights loaded at TW %.2f s)\n", r, f, e, ew, e - ew, s, t, tw
+    printf "         weights loaded: TW / max(F, EW) = %.3f (target <= 1.1)\n", tw / mxw
+    printf "         ready:          T / (max(F, EW) + E - EW) = %.3f (target <= 1.1)\n", t / (mxw + e - ew)
+    printf "         issue 8 form:   T / max(F, E) = %.3f; S / T = %.2fx\n", t / mx, s / t
     printf "         %d tensor mappings streamed by userfaultfd\n", m
   }'
 done
