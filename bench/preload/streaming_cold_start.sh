@@ -79,9 +79,9 @@ defer "rm -rf '$EMU_STATE'"
 ENGINE_ENV=(env REFENGINE_LIBCUDA="$BUILD/emu/libcuda.so.1"
   THAW_EMU_KERNELS="$BUILD/tools/refengine/librefengine_kernels_twins.so"
   THAW_EMU_DEVICE_MEMORY=8G THAW_EMU_STATE_DIR="$EMU_STATE" THAW_EMU_TIMING=1)
-# The emulator runs every kernel on the CPU (~0.1 s per token of gpt2-large here), so the
-# phases after the weights (profile run, graph warm-ups) are kept as small as the engine
-# allows: one 4-token profile batch, eager mode. They are reported separately: streaming can
+# The emulator runs every kernel on the CPU (0.18 s for a 4-token batch of gpt2-large here),
+# so the phases after the weights (profile run, graph warm-ups) are kept as small as the
+# engine allows: one 4-token profile batch, eager mode. They are reported separately: streaming can
 # only overlap the fetch with what comes before them.
 ENGINE_ARGS=(generate --tokens 1,2,3,4 --max-tokens 2 --ignore-eos --json --max-num-seqs 1
   --max-model-len 32 --max-num-batched-tokens 4 --enforce-eager)
