@@ -33,6 +33,15 @@ void settle_locked(std::uint64_t charged, std::uint64_t bytes) {
   }
 }
 
+// An allocation or handle is gone: its bytes no longer count (unknown keys: not ours).
+template <typename Key>
+void forget_locked(std::map<Key, std::uint64_t>& held, Key key) {
+  auto it = held.find(key);
+  if (it == held.end()) return;
+  g_bytes -= std::min(g_bytes, it->second);
+  held.erase(it);
+}
+
 }  // namespace
 
 bool charge_engine_bytes(std::uint64_t bytes) {
@@ -56,10 +65,7 @@ void note_engine_alloc(CUdeviceptr ptr, std::uint64_t charged, std::uint64_t byt
 
 void note_engine_free(CUdeviceptr ptr) {
   std::lock_guard lock(mutex());
-  auto it = live().find(ptr);
-  if (it == live().end()) return;
-  g_bytes -= std::min(g_bytes, it->second);
-  live().erase(it);
+  forget_locked(live(), ptr);
 }
 
 void note_engine_create(CUmemGenericAllocationHandle handle, std::uint64_t charged,
@@ -71,10 +77,7 @@ void note_engine_create(CUmemGenericAllocationHandle handle, std::uint64_t charg
 
 void note_engine_release(CUmemGenericAllocationHandle handle) {
   std::lock_guard lock(mutex());
-  auto it = handles().find(handle);
-  if (it == handles().end()) return;
-  g_bytes -= std::min(g_bytes, it->second);
-  handles().erase(it);
+  forget_locked(handles(), handle);
 }
 
 std::uint64_t engine_bytes() {

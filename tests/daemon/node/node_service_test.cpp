@@ -9,65 +9,18 @@
 #include <random>
 #include <thread>
 
-#include "daemon/store/fetch/manifest_publish.hpp"
-#include "fetch_test_support.hpp"
-#include "temp_dir.hpp"
+#include "node_service_fixture.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using namespace thaw::daemon;
-using thaw::testing::TempDir;
 
-class NodeServiceTest : public ::testing::Test {
+class NodeServiceTest : public thaw::daemon::testing::NodeServiceFixture {
  protected:
-  void SetUp() override {
-    thaw::store::testing::generate_model(registry_.path() / "gpt-syn");
-    thaw::store::PublishOptions publish;
-    publish.chunk_size = 64 << 10;
-    ASSERT_TRUE(thaw::store::publish_manifest(registry_.path() / "gpt-syn", publish));
-    auto cache = thaw::store::HostCache::open({cache_dir_.path(), 1ull << 30, {}, {}});
-    ASSERT_TRUE(cache) << cache.error().message;
-    cache_.emplace(std::move(*cache));
-    auto driver = thaw::cuda::Driver::load();
-    ASSERT_TRUE(driver) << driver.error().what();
-    driver_ = *driver;
-    auto gpu = thaw::vmm::GpuMemory::create(*driver, gpu_config());
-    ASSERT_TRUE(gpu) << gpu.error().message;
-    gpu_ = std::move(*gpu);
-    service_ = std::make_unique<NodeService>(*cache_, std::vector{gpu_.get()},
-                                             NodeServiceConfig{registry_.path().string(), 4, 0});
-  }
-  void TearDown() override {
-    service_.reset();
-    gpu_.reset();
-  }
-  virtual thaw::vmm::GpuMemoryConfig gpu_config() const {
-    thaw::vmm::GpuMemoryConfig gc;
-    gc.pool_bytes = 64 << 20;
-    return gc;
-  }
-
-  // Until `check` holds, reaping as thawd's timer would.
-  template <typename Check>
-  bool until(Check check, std::chrono::seconds timeout = 30s) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      service_->reap();
-      if (check()) return true;
-      std::this_thread::sleep_for(10ms);
-    }
-    return false;
-  }
   ModelState model_state_of(const std::string& name) { return service_->model(name).value().state; }
   ModelState model_state() { return model_state_of("gpt-syn"); }
   std::string slot_state(const std::string& id) { return service_->slot(id).value().state; }
-
-  TempDir registry_, cache_dir_;
-  std::optional<thaw::store::HostCache> cache_;
-  std::shared_ptr<thaw::cuda::Driver> driver_;
-  std::unique_ptr<thaw::vmm::GpuMemory> gpu_;
-  std::unique_ptr<NodeService> service_;
 };
 
 TEST_F(NodeServiceTest, FetchTwiceWhileRunningJoinsAndAfterwardsResumesFromTheCache) {

@@ -6,52 +6,19 @@
 
 #include <thread>
 
-#include "daemon/node/node_service.hpp"
-#include "daemon/store/fetch/manifest_publish.hpp"
-#include "fetch_test_support.hpp"
-#include "temp_dir.hpp"
+#include "node_service_fixture.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using namespace thaw::daemon;
-using thaw::testing::TempDir;
 
-class SlotReapTest : public ::testing::Test {
+class SlotReapTest : public thaw::daemon::testing::NodeServiceFixture {
  protected:
-  void SetUp() override {
-    thaw::store::testing::generate_model(registry_.path() / "gpt-syn");
-    thaw::store::PublishOptions publish;
-    publish.chunk_size = 64 << 10;
-    ASSERT_TRUE(thaw::store::publish_manifest(registry_.path() / "gpt-syn", publish));
-    auto cache = thaw::store::HostCache::open({cache_dir_.path(), 1ull << 30, {}, {}});
-    ASSERT_TRUE(cache) << cache.error().message;
-    cache_.emplace(std::move(*cache));
-    auto driver = thaw::cuda::Driver::load();
-    ASSERT_TRUE(driver) << driver.error().what();
-    thaw::vmm::GpuMemoryConfig gc;
-    gc.pool_bytes = 64 << 20;
+  thaw::vmm::GpuMemoryConfig gpu_config() const override {
+    thaw::vmm::GpuMemoryConfig gc = NodeServiceFixture::gpu_config();
     gc.max_slots = 2;
-    auto gpu = thaw::vmm::GpuMemory::create(*driver, gc);
-    ASSERT_TRUE(gpu) << gpu.error().message;
-    gpu_ = std::move(*gpu);
-    service_ = std::make_unique<NodeService>(*cache_, std::vector{gpu_.get()},
-                                             NodeServiceConfig{registry_.path().string(), 4, 0});
-  }
-  void TearDown() override {
-    service_.reset();
-    gpu_.reset();
-  }
-
-  template <typename Check>
-  bool until(Check check, std::chrono::seconds timeout = 30s) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      service_->reap();
-      if (check()) return true;
-      std::this_thread::sleep_for(10ms);
-    }
-    return false;
+    return gc;
   }
   std::string prewarmed() {
     auto id = service_->prewarm("gpt-syn", 0);
@@ -60,11 +27,6 @@ class SlotReapTest : public ::testing::Test {
     EXPECT_TRUE(until([&] { return service_->slot(*id).value().state == "prewarmed"; }));
     return *id;
   }
-
-  TempDir registry_, cache_dir_;
-  std::optional<thaw::store::HostCache> cache_;
-  std::unique_ptr<thaw::vmm::GpuMemory> gpu_;
-  std::unique_ptr<NodeService> service_;
 };
 
 TEST_F(SlotReapTest, ASlotTheGpuEmptiedForAnotherModelsKvCacheIsRemoved) {
