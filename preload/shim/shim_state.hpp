@@ -14,6 +14,8 @@
 //   THAW_PRELOAD_ATTACH=1            run attached to a prewarmed slot of the model the engine
 //                                    opens: cuMemGetInfo answers thawd's budget and the
 //                                    weights come from the slot (preload/inject)
+//   THAW_PRELOAD_LEASE=0             do not ask thawd for pool memory at the first
+//                                    allocation (memory_hooks.cpp: lease_pool_memory_once)
 //   THAW_PRELOAD_READ_TIMEOUT=S      how long a read of a streamed file waits (default 600)
 //   THAW_ENGINE_ID=name              part of the engine's fingerprint (layout records)
 //   THAW_SOCKET=path                 thawd's shim socket (default /run/thaw/thawd.sock)
