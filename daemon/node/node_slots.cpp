@@ -579,11 +579,18 @@ EngineLease& NodeService::lend_locked(const std::string& owner, std::uint32_t gp
   EngineLease& lease = it->second;
   if (lease.gpu != gpu_index) return lease;  // one GPU's pool per engine
   vmm::GpuMemory& gpu = *gpus_[gpu_index];
-  // Pages a departed engine left with the driver come back first, when no other engine
-  // here still allocates from the driver: they belong in this engine's budget.
-  if (!engine_needs_driver_room_locked(gpu_index)) (void)gpu.take_back_returned();
+  // Pages a departed engine left with the driver, when no other engine here still allocates
+  // from the driver, are this engine's as they are: re-creating them only to give them back
+  // would put two driver calls per page on the engine's critical path.
+  std::size_t adopted = 0;
+  if (!engine_needs_driver_room_locked(gpu_index)) adopted = gpu.pool().returned;
   const vmm::PoolInfo pool = gpu.pool();
   auto lent = gpu.lend_to_engine(slot, pool.free);
+  if (adopted != 0) {
+    lease.pages += adopted;
+    lease.bytes += static_cast<std::uint64_t>(adopted) * pool.page_bytes;
+    changed();
+  }
   if (!lent) {
     log(LogLevel::warning,
         fmt::format("GPU {}: giving the pool's free pages to {}: {}", gpu_index, owner,
