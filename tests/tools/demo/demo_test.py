@@ -7,11 +7,9 @@ whatever the machine's speed (never its timings against numbers):
     picture's path;
   * the JSON has the four runs (a)..(d), and all four token lists are equal (and not empty);
   * the weight phase of (d) zero-copy < (c) copy mode < (a) cold (medians of 3 engine runs).
-    (c) < (a) does not hold on the emulator today: a device-to-device copy there is the same
-    host work as an H2D copy (docs/BENCHMARKS.md, issue 9: copy / cold = 1.22), and the
-    timing model's PCIe/HBM difference is below what the host achieves (issue 20 part 4).
-    When that is the only failed check the test is reported skipped (exit 77), saying so;
-    THAW_DEMO_STRICT=1 makes it a failure;
+    (c) < (a) holds because the demo scales the emulated links below this host's memcpy
+    speed (run-demo.sh, LINK_PCIE_GBPS): cold pays the modelled PCIe upload, copy mode the
+    modelled HBM copy. At the emulator's full H100 speeds both would be host memcpy time;
   * (d) ran zero-copy and (c) was served from a slot (the shim's own lines);
   * the SVG is well-formed XML with one lane per run;
   * thawd, dbus-daemon and nginx it started are gone afterwards.
@@ -28,14 +26,12 @@ import tempfile
 import xml.etree.ElementTree as ET
 
 failures = []
-known = []  # failed checks with a known cause outside the demo (see the docstring)
-SKIP = 77
 
 
-def check(ok, what, known_issue=False):
+def check(ok, what):
     print(("ok    " if ok else "FAIL  ") + what)
     if not ok:
-        (known if known_issue and os.environ.get("THAW_DEMO_STRICT") != "1" else failures).append(what)
+        failures.append(what)
 
 
 def main():
@@ -68,8 +64,7 @@ def main():
                   "(%s)'s tokens equal (a)'s" % rid)
         w = {rid: runs[rid]["weights_s"] for rid in runs}
         check(w["d"] < w["c"], "weight phase (d) %.4f s < (c) %.4f s" % (w["d"], w["c"]))
-        check(w["c"] < w["a"], "weight phase (c) %.4f s < (a) %.4f s" % (w["c"], w["a"]),
-              known_issue=True)
+        check(w["c"] < w["a"], "weight phase (c) %.4f s < (a) %.4f s" % (w["c"], w["a"]))
         for r in runs.values():
             check(r["total_s"] > 0 and r["speedup"] is not None, "(%s) has a total" % r["id"])
         meta = report.get("meta", {})
@@ -92,13 +87,7 @@ def main():
     left = [pid for pid in pids if os.path.exists("/proc/%d" % pid)
             and open("/proc/%d/stat" % pid).read().split(")")[-1].split()[0] != "Z"]
     check(not left, "no process left behind: %s" % left)
-    if failures:
-        return 1
-    if known:
-        print("SKIP: only a known emulator limitation failed (%s); see this file's docstring, "
-              "THAW_DEMO_STRICT=1 to fail on it" % "; ".join(known))
-        return SKIP
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
