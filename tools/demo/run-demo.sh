@@ -52,6 +52,11 @@
 #                  (--size custom is added when they name no --size)
 #   --emu-memory   the emulated GPU's memory (default 2G with --quick, 4G, or 3x a larger
 #                  model); ignored with --driver real
+#   --with-node S  bring the node up as for the demo (registry, private bus, thawd, the model
+#                  fetched into thawd's cache), then run bash script S instead of the four runs
+#                  and exit with its status (the real-GPU kit's PyTorch step). S gets THAW_SOCKET,
+#                  THAWCTL ("thawctl --bus=..."), MODEL_NAME, MODEL_DIR (in the cache), PRELOAD,
+#                  NODE_WORK, and on the emulator THAW_LIBCUDA and the emulator's variables
 #
 # Environment: DBUS_DAEMON (the dbus-daemon to run; default: the kit's bin/dbus-daemon, else
 # the system's), NGINX (default: nginx on PATH, else /usr/sbin/nginx), THAW_DEMO_LD_PRELOAD
@@ -83,6 +88,7 @@ REGISTRY_KIND=auto
 SIZE=
 SHAPE_FLAGS=
 EMU_MEMORY=
+WITH_NODE=
 KV=64
 REPEAT=3
 usage() {
@@ -103,6 +109,7 @@ while [[ $# -gt 0 ]]; do
     --size) [[ $# -ge 2 ]] || usage; SIZE=$2; shift 2 ;;
     --model-shape) [[ $# -ge 2 ]] || usage; SHAPE_FLAGS=$2; shift 2 ;;
     --emu-memory) [[ $# -ge 2 ]] || usage; EMU_MEMORY=$2; shift 2 ;;
+    --with-node) [[ $# -ge 2 ]] || usage; WITH_NODE=$2; shift 2 ;;
     --kv) [[ $# -ge 2 ]] || usage; KV=$2; shift 2 ;;
     --repeat) [[ $# -ge 2 ]] || usage; REPEAT=$2; shift 2 ;;
     -h | --help) sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -118,6 +125,8 @@ done
   die "--size must be small, medium, large or xl (or give --model-shape)"
 [[ -z $EMU_MEMORY || $EMU_MEMORY =~ ^[1-9][0-9]*[MG]$ ]] || die "--emu-memory must look like 4G or 512M"
 [[ -z $BUILD || -z $KIT ]] || die "--build and --kit exclude each other"
+[[ -z $WITH_NODE || -f $WITH_NODE ]] || die "--with-node: no script at $WITH_NODE"
+[[ -z $WITH_NODE ]] || WITH_NODE=$(cd "$(dirname "$WITH_NODE")" && pwd)/$(basename "$WITH_NODE")
 T_DEMO=$(now)
 EMU=0
 [[ $DRIVER == emulator ]] && EMU=1
@@ -346,6 +355,21 @@ fi
 log "thawd $THAWD_PID up: $(paste <("$REPORT" get '*.index' --default '' <<<"$GPUS_JSON") \
   <("$REPORT" get '*.pool_bytes' --default '' <<<"$GPUS_JSON") | awk -v what="$GPU_WHAT" \
   'NF == 2 { printf "%sGPU %d: pool %.0f MiB of %s", (NR > 1 ? "; " : ""), $1, $2 / 2^20, what }')"
+
+# ---------------------------------------------------------------------------- --with-node
+if [[ -n $WITH_NODE ]]; then
+  log "--with-node: thawctl fetch $MODEL_NAME, then $WITH_NODE"
+  "${THAWCTL[@]}" fetch "$MODEL_NAME" 2>"$WORK/fetch-node.log" >/dev/null ||
+    die "thawctl fetch $MODEL_NAME failed: $(tail -3 "$WORK/fetch-node.log")"
+  node_rc=0
+  node_driver=()
+  ((EMU)) && node_driver=(THAW_LIBCUDA="$LIBCUDA")
+  env THAW_SOCKET="$SOCKET" THAWCTL="${THAWCTL[*]}" MODEL_NAME="$MODEL_NAME" \
+    MODEL_DIR="$CACHE/$MODEL_NAME" PRELOAD="$PRELOAD" NODE_WORK="$WORK" \
+    "${node_driver[@]}" "${ENGINE_ENV[@]}" bash "$WITH_NODE" || node_rc=$?
+  log "--with-node: $WITH_NODE exited $node_rc; stopping the node"
+  exit "$node_rc"
+fi
 
 # ---------------------------------------------------------------------------- engines
 # Small phases after the weights (the CPU runs every kernel): one sequence, a 4-token prompt,
