@@ -839,6 +839,9 @@ EMU_EXPORT CUresult cuGraphDebugDotPrint(CUgraph hg, const char* path, unsigned 
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
           label = "event wait";
           break;
+        case CU_GRAPH_NODE_TYPE_BATCH_MEM_OP:
+          label = "mem op";
+          break;
         default:
           label = "empty";
           break;

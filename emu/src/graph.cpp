@@ -1,5 +1,6 @@
 #include "graph.hpp"
 
+#include <atomic>
 #include <cstring>
 #include <shared_mutex>
 
@@ -121,6 +122,26 @@ CUresult run_memcpy(const MemcpyNode& m) {
   return CUDA_SUCCESS;
 }
 
+// The store is atomic and, unless the caller waived it (NO_MEMORY_BARRIER), ordered after every
+// earlier write of the stream: another agent polling the word sees the value only with the data
+// it guards.
+CUresult run_mem_op(const MemOpNode& m) {
+  auto& as = driver().space;
+  bool reachable = as.check_device(m.address, m.size, true) == CUDA_SUCCESS ||
+                   as.host_range_pinned(m.address, m.size);
+  if (!reachable) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  const auto order = (m.flags & CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) != 0
+                         ? std::memory_order_relaxed
+                         : std::memory_order_release;
+  if (m.size == 4) {
+    std::atomic_ref(*reinterpret_cast<std::uint32_t*>(m.address))
+        .store(static_cast<std::uint32_t>(m.value), order);
+  } else {
+    std::atomic_ref(*reinterpret_cast<std::uint64_t*>(m.address)).store(m.value, order);
+  }
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 StreamOp op_for_node(const NodeSpec& spec) {
@@ -172,6 +193,14 @@ StreamOp op_for_node(const NodeSpec& spec) {
       op.work = [h] {
         h.fn(h.user);
         return CUDA_SUCCESS;
+      };
+      break;
+    }
+    case CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: {
+      const auto& m = std::get<MemOpNode>(spec.data);
+      op.work = [m] {
+        std::shared_lock space(driver().space_mu);
+        return run_mem_op(m);
       };
       break;
     }

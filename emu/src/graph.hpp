@@ -65,7 +65,17 @@ struct EventNode {
 
 struct EmptyNode {};
 
-using NodeData = std::variant<EmptyNode, KernelNode, MemsetNode, MemcpyNode, HostNode, EventNode>;
+// A stream memory operation (cuStreamWriteValue32/64): one aligned 4- or 8-byte store. Captured,
+// it becomes a batch memory-op node, as on the real driver.
+struct MemOpNode {
+  CUdeviceptr address = 0;
+  std::uint64_t value = 0;
+  unsigned size = 4;
+  unsigned flags = 0;  // CUstreamWriteValue_flags
+};
+
+using NodeData =
+    std::variant<EmptyNode, KernelNode, MemsetNode, MemcpyNode, HostNode, EventNode, MemOpNode>;
 
 struct GraphNode {
   std::uint64_t handle = 0;

@@ -41,10 +41,6 @@ constexpr const char* kAxpb = "axpb";            // axpb(float* x, float a, floa
 constexpr const char* kAddInto = "add_into";     // add_into(float* dst, const float* src, int n)
 constexpr const char* kNoTwin = "no_twin_fill";  // samples.cu; deliberately has no host twin
 
-bool OnEmulator() {
-  return dlsym(RTLD_DEFAULT, "thawEmuGetDeviceStats") != nullptr;
-}
-
 // An entry point the CUDA 13 header no longer names (it maps the plain name to a newer
 // version), as an application built against an older header calls it.
 template <class Fn>
@@ -1292,7 +1288,7 @@ TEST_F(Graphs, DebugDotPrintWritesTheKernelNames) {
 // The issue: "A launch of a kernel with no twin fails with a clear error naming the kernel."
 // In a graph the node is accepted (the kernel exists in the cubin) and the graph launch fails.
 TEST_F(Graphs, GraphWithAKernelWithoutTwinFailsToLaunchWithNotFound) {
-  if (!OnEmulator()) GTEST_SKIP() << "a real driver runs no_twin_fill's SASS";
+  if (!thaw::test::on_emulator()) GTEST_SKIP() << "a real driver runs no_twin_fill's SASS";
   CUfunction f = nullptr;
   ASSERT_CU(cuModuleGetFunction(&f, samples_, kNoTwin));
   CUdeviceptr x = Buffer(std::vector<float>(64, 1.0f));

@@ -54,10 +54,6 @@ constexpr const char* kAxpb = "axpb";
 constexpr const char* kAddTo = "add_to";
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-bool OnEmulator() {
-  return dlsym(RTLD_DEFAULT, "thawEmuGetDeviceStats") != nullptr;
-}
-
 // Device memory that frees itself.
 struct DeviceBuffer {
   CUdeviceptr ptr = 0;
@@ -127,8 +123,12 @@ std::vector<char> ReadFile(const std::string& path) {
   return bytes;
 }
 
-// An image the parser tests build (tests/emu/testdata), or "" when this build has none.
+// An image the parser tests build (tests/emu/testdata), or "" when this build has none. The
+// environment's THAW_MODULE_TESTDATA comes first: the conformance program ships the images with it.
 std::string Testdata(const char* name) {
+  if (const char* dir = std::getenv("THAW_MODULE_TESTDATA"); dir != nullptr && *dir != '\0') {
+    return std::string(dir) + "/" + name;
+  }
 #ifdef THAW_MODULE_TESTDATA
   return std::string(THAW_MODULE_TESTDATA) + "/" + name;
 #else
@@ -301,7 +301,7 @@ TEST_F(ModuleApi, ImagesWithoutSm90CodeAreNoBinaryForGpu) {
 // The emulator has no JIT: PTX text, and fatbins that offer only PTX for sm_90, are refused
 // with CUDA_ERROR_NO_BINARY_FOR_GPU (a real driver compiles them).
 TEST_F(ModuleApi, PtxIsNoBinaryForGpuOnTheEmulator) {
-  if (!OnEmulator()) GTEST_SKIP() << "a real driver JIT-compiles PTX";
+  if (!thaw::test::on_emulator()) GTEST_SKIP() << "a real driver JIT-compiles PTX";
   REQUIRE_TESTDATA();
   const std::string ptx_path = Testdata("kernels.ptx");
   const std::vector<char> ptx = ReadFile(ptx_path);
@@ -385,7 +385,8 @@ TEST(ModuleApiNoInit, ModuleAndLibraryLoadsBeforeCuInitAreNotInitialized) {
 // function of an unloaded module no longer launches (cuLaunchKernel documents
 // CUDA_ERROR_INVALID_HANDLE).
 TEST_F(ModuleApi, UnloadTwiceAndLaunchAfterUnloadAreInvalidHandle) {
-  if (!OnEmulator()) GTEST_SKIP() << "use of a destroyed module is undefined on a real driver";
+  if (!thaw::test::on_emulator())
+    GTEST_SKIP() << "use of a destroyed module is undefined on a real driver";
   CUmodule m = nullptr;
   ASSERT_CU(cuModuleLoadData(&m, thaw_cubin_samples().data));
   CUfunction f = Function(m, kVecAdd);
@@ -402,7 +403,7 @@ TEST_F(ModuleApi, UnloadTwiceAndLaunchAfterUnloadAreInvalidHandle) {
 
 // A module's globals live in device memory for the module's life: unloading gives it back.
 TEST_F(ModuleApi, UnloadReleasesTheModulesGlobals) {
-  if (!OnEmulator()) GTEST_SKIP() << "uses the emulator's inspection API";
+  if (!thaw::test::on_emulator()) GTEST_SKIP() << "uses the emulator's inspection API";
   ThawEmuDeviceStats before{}, loaded{}, after{};
   ASSERT_EQ(thawEmuGetDeviceStats(0, &before), CUDA_SUCCESS);
   CUmodule m = nullptr;
@@ -934,7 +935,7 @@ TEST_F(ModuleApi, PerThreadStreamLaunchEntryPointsRun) {
                              CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
   ASSERT_EQ(status, CU_GET_PROC_ADDRESS_SUCCESS);
   ASSERT_NE(fn, nullptr);
-  if (OnEmulator()) {
+  if (thaw::test::on_emulator()) {
     EXPECT_EQ(fn, dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz"));
   }
   auto launch = reinterpret_cast<PFN_cuLaunchKernel_v7000_ptsz>(fn);
@@ -943,7 +944,7 @@ TEST_F(ModuleApi, PerThreadStreamLaunchEntryPointsRun) {
   ASSERT_CU(cuGetProcAddress("cuLaunchKernelEx", &fn_ex, 13000,
                              CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
   ASSERT_NE(fn_ex, nullptr);
-  if (OnEmulator()) {
+  if (thaw::test::on_emulator()) {
     EXPECT_EQ(fn_ex, dlsym(RTLD_DEFAULT, "cuLaunchKernelEx_ptsz"));
   }
   auto launch_ex = reinterpret_cast<PFN_cuLaunchKernelEx_v11060_ptsz>(fn_ex);
@@ -952,7 +953,7 @@ TEST_F(ModuleApi, PerThreadStreamLaunchEntryPointsRun) {
   ASSERT_CU(cuGetProcAddress("cuLaunchCooperativeKernel", &fn_coop, 13000,
                              CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
   ASSERT_NE(fn_coop, nullptr);
-  if (OnEmulator()) {
+  if (thaw::test::on_emulator()) {
     EXPECT_EQ(fn_coop, dlsym(RTLD_DEFAULT, "cuLaunchCooperativeKernel_ptsz"));
   }
   auto launch_coop = reinterpret_cast<PFN_cuLaunchCooperativeKernel_v9000_ptsz>(fn_coop);
@@ -1218,7 +1219,7 @@ TEST_F(ModuleApi, KernelGetFunctionGivesOneFunctionPerContext) {
 // launch of the kernel report CUDA_ERROR_INVALID_HANDLE (both document it; the emulator's
 // handles are ids, so the stale handle is safe to pass).
 TEST_F(ModuleApi, KernelOfAnUnloadedLibraryIsInvalidHandle) {
-  if (!OnEmulator())
+  if (!thaw::test::on_emulator())
     GTEST_SKIP() << "use of an unloaded library's kernel is undefined on a real driver";
   CUlibrary lib = nullptr;
   ASSERT_CU(
@@ -1291,7 +1292,7 @@ long long AsInt(const nlohmann::json& v) {
 // Each launch is one trace line whose args name the kernel (its mangled name, "kernel") and its
 // geometry (grid_x..z, block_x..z, shared); a _ptsz launch is traced under the base name.
 TEST(ModuleApiTrace, LaunchLinesNameTheKernelAndItsGeometry) {
-  if (!OnEmulator()) GTEST_SKIP() << "THAW_EMU_TRACE is the emulator's";
+  if (!thaw::test::on_emulator()) GTEST_SKIP() << "THAW_EMU_TRACE is the emulator's";
   thaw::test::run_in_fresh_process({}, [] {
     const std::string path =
         testing::TempDir() + "module_api_trace_" + std::to_string(getpid()) + ".jsonl";

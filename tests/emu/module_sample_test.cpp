@@ -33,10 +33,6 @@ constexpr const char* kNoTwin = "no_twin_fill";
 constexpr const char* kAxpb = "axpb";
 constexpr const char* kAddInto = "add_into";
 
-bool OnEmulator() {
-  return dlsym(RTLD_DEFAULT, "thawEmuGetDeviceStats") != nullptr;
-}
-
 // Device memory that frees itself.
 struct DeviceBuffer {
   CUdeviceptr ptr = 0;
@@ -274,7 +270,7 @@ TEST_F(ModuleSample, ChainKernelsOnAStream) {
 // The documentation has no such case; the kernel exists in the cubin, so cuModuleGetFunction
 // finds it, and the launch itself fails. The launch never ran, so the context stays usable.
 TEST_F(ModuleSample, LaunchOfAKernelWithoutTwinFailsAndLeavesTheContextUsable) {
-  if (!OnEmulator()) GTEST_SKIP() << "a real driver runs no_twin_fill's SASS";
+  if (!thaw::test::on_emulator()) GTEST_SKIP() << "a real driver runs no_twin_fill's SASS";
   DeviceBuffer dx(64 * sizeof(int));
   CUfunction f = Function(samples_, kNoTwin);
   ASSERT_NE(f, nullptr);

@@ -39,6 +39,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "on_emulator.hpp"
 #include "thaw/emu_inspect.h"
 
 extern char** environ;
@@ -489,6 +490,8 @@ namespace thaw_vmm_test {
 // Initialises the driver, makes device 0's primary context current (cuMemGetInfo, the
 // copy calls and cuPointerGetAttribute need a context; the VMM calls do not) and checks
 // at the end that the test left nothing behind: every test must release what it made.
+// The leak checks read the emulator's counters, so a real driver (the conformance program)
+// goes without them, as it does without every other use of DevStats/ProcStats/BytesInUse.
 class VmmFixture : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -496,12 +499,18 @@ class VmmFixture : public ::testing::Test {
     ASSERT_CU_OK(cuDeviceGet(&dev_, 0));
     ASSERT_CU_OK(cuDevicePrimaryCtxRetain(&ctx_, dev_));
     ASSERT_CU_OK(cuCtxSetCurrent(ctx_));
+    if (!::thaw::test::on_emulator()) return;
     baseline_ = DevStats();
     proc_baseline_ = ProcStats();
   }
 
   void TearDown() override {
     if (ctx_ == nullptr) return;
+    if (!::thaw::test::on_emulator()) {
+      cuCtxSetCurrent(nullptr);
+      EXPECT_CU_OK(cuDevicePrimaryCtxRelease(dev_));
+      return;
+    }
     ThawEmuDeviceStats now = DevStats();
     ThawEmuProcessStats pnow = ProcStats();
     EXPECT_EQ(now.device_bytes_in_use, baseline_.device_bytes_in_use) << "test leaked memory";
@@ -512,8 +521,10 @@ class VmmFixture : public ::testing::Test {
     EXPECT_CU_OK(cuDevicePrimaryCtxRelease(dev_));
   }
 
+  // Zeros on a real driver, where every check that reads them is left out (THAW_EMU_CHECK).
   static ThawEmuDeviceStats DevStats(int device = 0) {
     ThawEmuDeviceStats s{};
+    if (!::thaw::test::on_emulator()) return s;
     int rc = thawEmuGetDeviceStats(device, &s);
     EXPECT_EQ(rc, CUDA_SUCCESS) << "thawEmuGetDeviceStats";
     return s;
@@ -521,6 +532,7 @@ class VmmFixture : public ::testing::Test {
 
   static ThawEmuProcessStats ProcStats() {
     ThawEmuProcessStats s{};
+    if (!::thaw::test::on_emulator()) return s;
     int rc = thawEmuGetProcessStats(&s);
     EXPECT_EQ(rc, CUDA_SUCCESS) << "thawEmuGetProcessStats";
     return s;
@@ -573,6 +585,27 @@ class VmmFixture : public ::testing::Test {
     SetAccess(m.va, size);
     return m;
   }
+  // The test's bytes into and out of device memory. On the emulator through the host: device
+  // pointers are host addresses there and host access follows the mapping's access flags, which
+  // the tests rely on. On a real driver, whose device memory the CPU cannot touch (the
+  // conformance program), through synchronous driver copies, which need a current context.
+  static void WritePattern(CUdeviceptr p, size_t len, uint64_t seed) {
+    if (::thaw::test::on_emulator()) {
+      FillPattern(AsPtr(p), len, seed);
+      return;
+    }
+    std::vector<uint8_t> bytes(len);
+    FillPattern(bytes.data(), len, seed);
+    EXPECT_CU_OK(cuMemcpyHtoD(p, bytes.data(), len));
+  }
+  static long long CheckPattern(CUdeviceptr p, size_t len, uint64_t seed,
+                                uint64_t first_offset = 0) {
+    if (::thaw::test::on_emulator()) return FirstPatternMismatch(AsPtr(p), len, seed, first_offset);
+    std::vector<uint8_t> bytes(len);
+    EXPECT_CU_OK(cuMemcpyDtoH(bytes.data(), p, len));
+    return FirstPatternMismatch(bytes.data(), len, seed, first_offset);
+  }
+
   static void Destroy(const Mapped& m) {
     EXPECT_CU_OK(cuMemUnmap(m.va, m.size));
     EXPECT_CU_OK(cuMemRelease(m.handle));

@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include "on_emulator.hpp"
+
 namespace thaw::test {
 
 // The name of a CUresult ("CUDA_ERROR_INVALID_VALUE"), or "?" for a code the driver does not know.

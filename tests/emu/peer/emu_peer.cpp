@@ -27,6 +27,8 @@
 //   peek <p> <len>              CPU load → OK <hex>
 //   fillpat <p> <len> <seed>    CPU store of PatternByte(seed, i), i in [0, len)
 //   checkpat <p> <len> <seed>   CPU compare → OK, or "BAD mismatch at <i>"
+//                               (both through cuMemcpyHtoD/DtoH on a real driver, where the CPU
+//                               cannot touch device memory: the conformance program)
 //   h2d <p> <hex>               cuMemcpyHtoD of the bytes
 //   d2h <p> <len>               cuMemcpyDtoH → OK <hex>
 //   memset <p> <byte> <len>     cuMemsetD8
@@ -36,7 +38,7 @@
 //   ipcopen <hex>               cuIpcOpenMemHandle(LAZY_ENABLE_PEER_ACCESS) → OK <p>
 //   ipcclose <p>                cuIpcCloseMemHandle
 //   meminfo                     cuMemGetInfo → OK <free> <total>
-//   stats                       OK <device_bytes_in_use> <process_bytes_in_use>
+//   stats                       (the emulator only) OK <device_bytes_in_use> <process_bytes_in_use>
 //                                  <physical_allocations> <vmm_handle_refs> <vmm_mappings>
 //                                  <legacy_allocations> <ipc_mappings> <reservations>
 //                                  <reserved_bytes>
@@ -50,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include "../vmm_helpers.hpp"
@@ -228,12 +231,27 @@ class Peer {
     }
     if (verb == "fillpat") {
       if (!nums(3, 3)) return Bad("usage: fillpat <p> <len> <seed>");
-      FillPattern(host(n[0]), n[1], n[2]);
-      return Ok();
+      if (thaw::test::on_emulator()) {
+        FillPattern(host(n[0]), n[1], n[2]);
+        return Ok();
+      }
+      std::vector<uint8_t> bytes(n[1]);
+      FillPattern(bytes.data(), bytes.size(), n[2]);
+      CUresult r = cuMemcpyHtoD(dptr(n[0]), bytes.data(), bytes.size());
+      return r == CUDA_SUCCESS ? Ok() : Err(r);
     }
     if (verb == "checkpat") {
       if (!nums(3, 3)) return Bad("usage: checkpat <p> <len> <seed>");
-      long long at = FirstPatternMismatch(host(n[0]), n[1], n[2]);
+      long long at = -1;
+      if (thaw::test::on_emulator()) {
+        at = FirstPatternMismatch(host(n[0]), n[1], n[2]);
+      } else {
+        std::vector<uint8_t> bytes(n[1]);
+        if (CUresult r = cuMemcpyDtoH(bytes.data(), dptr(n[0]), bytes.size()); r != CUDA_SUCCESS) {
+          return Err(r);
+        }
+        at = FirstPatternMismatch(bytes.data(), bytes.size(), n[2]);
+      }
       return at < 0 ? Ok() : Bad("mismatch at " + std::to_string(at));
     }
     if (verb == "memset") {
@@ -280,10 +298,20 @@ class Peer {
       return r == CUDA_SUCCESS ? Ok(U(free) + " " + U(total)) : Err(r);
     }
     if (verb == "stats") {
+      // Looked up, not linked: the peer also runs against a real driver, which lacks them.
+      using DeviceStatsFn = int (*)(int, ThawEmuDeviceStats*);
+      using ProcessStatsFn = int (*)(ThawEmuProcessStats*);
+      void* libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+      auto device_stats = reinterpret_cast<DeviceStatsFn>(
+          libcuda != nullptr ? dlsym(libcuda, "thawEmuGetDeviceStats") : nullptr);
+      auto process_stats = reinterpret_cast<ProcessStatsFn>(
+          libcuda != nullptr ? dlsym(libcuda, "thawEmuGetProcessStats") : nullptr);
+      if (libcuda != nullptr) dlclose(libcuda);  // still loaded: it is this program's libcuda
+      if (device_stats == nullptr || process_stats == nullptr) return Err(CUDA_ERROR_NOT_SUPPORTED);
       ThawEmuDeviceStats d{};
       ThawEmuProcessStats p{};
-      if (int r = thawEmuGetDeviceStats(0, &d); r != 0) return Err(static_cast<CUresult>(r));
-      if (int r = thawEmuGetProcessStats(&p); r != 0) return Err(static_cast<CUresult>(r));
+      if (int r = device_stats(0, &d); r != 0) return Err(static_cast<CUresult>(r));
+      if (int r = process_stats(&p); r != 0) return Err(static_cast<CUresult>(r));
       return Ok(U(d.device_bytes_in_use) + " " + U(d.process_bytes_in_use) + " " +
                 U(d.physical_allocations) + " " + U(d.vmm_handle_refs) + " " + U(d.vmm_mappings) +
                 " " + U(d.legacy_allocations) + " " + U(d.ipc_mappings) + " " + U(p.reservations) +
