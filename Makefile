@@ -4,7 +4,7 @@ PRESET ?= default
 CMAKE  ?= cmake
 CTEST  ?= ctest
 
-.PHONY: all deps build demo test test-default test-asan test-fuzz format clean
+.PHONY: all deps build demo gpu-kit test test-default test-asan test-fuzz format clean
 
 all: build
 
@@ -22,6 +22,13 @@ build: deps
 DEMO_ARGS ?=
 demo: build
 	@tools/demo/run-demo.sh --build build/$(PRESET) $(DEMO_ARGS)
+
+# The real-GPU kit (issue 21): a release build of thaw, the emulator and the checks, in
+# build/gpu-kit/ (<= 48 MiB). Run it anywhere with build/gpu-kit/run --out DIR [--quick];
+# docs/GPU-VALIDATION.md says what it checks.
+gpu-kit: deps
+	$(CMAKE) --preset release >/dev/null
+	$(CMAKE) --build --preset release --target gpu-kit
 
 # Every test, in the default build and under ASan+UBSan, then a bounded libFuzzer run.
 test: deps

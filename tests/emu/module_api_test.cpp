@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -135,6 +136,15 @@ std::string Testdata(const char* name) {
   (void)name;
   return "";
 #endif
+}
+// The embedded kernels' image files as cuModuleLoad/cuLibraryLoadFromFile take them: the
+// build tree's path, or the copy beside the conformance program (THAW_MODULE_TESTDATA), which
+// runs where the build tree is not.
+std::string KernelFile(const char* build_path) {
+  if (const char* dir = std::getenv("THAW_MODULE_TESTDATA"); dir != nullptr && *dir != '\0') {
+    return std::string(dir) + "/" + std::filesystem::path(build_path).filename().string();
+  }
+  return build_path;
 }
 #define REQUIRE_TESTDATA()                                                        \
   do {                                                                            \
@@ -248,7 +258,8 @@ TEST_F(ModuleApi, UncompressedFatbinLoadsAndItsKernelsRun) {
       {"cuModuleLoadData", [&](CUmodule* m) { return cuModuleLoadData(m, fatbin.data); }},
       {"cuModuleLoadDataEx",
        [&](CUmodule* m) { return cuModuleLoadDataEx(m, fatbin.data, 0, nullptr, nullptr); }},
-      {"cuModuleLoad", [&](CUmodule* m) { return cuModuleLoad(m, THAW_FATBIN_PATH_samples); }},
+      {"cuModuleLoad",
+       [&](CUmodule* m) { return cuModuleLoad(m, KernelFile(THAW_FATBIN_PATH_samples).c_str()); }},
   };
   for (const auto& [what, load] : loaders) {
     SCOPED_TRACE(what);
@@ -363,7 +374,8 @@ TEST_F(ModuleApi, ModuleLoadsWithoutACurrentContextAreInvalidContext) {
   EXPECT_CU_ERR(CUDA_ERROR_INVALID_CONTEXT,
                 cuModuleLoadDataEx(&m, cubin.data, 0, nullptr, nullptr));
   EXPECT_CU_ERR(CUDA_ERROR_INVALID_CONTEXT, cuModuleLoadFatBinary(&m, fatbin.data));
-  EXPECT_CU_ERR(CUDA_ERROR_INVALID_CONTEXT, cuModuleLoad(&m, THAW_CUBIN_PATH_chain));
+  EXPECT_CU_ERR(CUDA_ERROR_INVALID_CONTEXT,
+                cuModuleLoad(&m, KernelFile(THAW_CUBIN_PATH_chain).c_str()));
   EXPECT_EQ(m, nullptr);
   ASSERT_CU(cuCtxSetCurrent(ctx_));
 }
@@ -373,7 +385,8 @@ TEST(ModuleApiNoInit, ModuleAndLibraryLoadsBeforeCuInitAreNotInitialized) {
     CUmodule m = nullptr;
     CUlibrary lib = nullptr;
     EXPECT_CU_ERR(CUDA_ERROR_NOT_INITIALIZED, cuModuleLoadData(&m, thaw_cubin_chain().data));
-    EXPECT_CU_ERR(CUDA_ERROR_NOT_INITIALIZED, cuModuleLoad(&m, THAW_CUBIN_PATH_chain));
+    EXPECT_CU_ERR(CUDA_ERROR_NOT_INITIALIZED,
+                  cuModuleLoad(&m, KernelFile(THAW_CUBIN_PATH_chain).c_str()));
     EXPECT_CU_ERR(
         CUDA_ERROR_NOT_INITIALIZED,
         cuLibraryLoadData(&lib, thaw_cubin_chain().data, nullptr, nullptr, 0, nullptr, nullptr, 0));
@@ -1148,8 +1161,8 @@ TEST_F(ModuleApi, KernelGetParamInfoMatchesTheSignature) {
 // handle using cuLibraryGetKernel() and then passing it to the API by casting to CUfunction."
 TEST_F(ModuleApi, LibraryFromFileLaunchesAKernelCastToCUfunction) {
   CUlibrary lib = nullptr;
-  ASSERT_CU(cuLibraryLoadFromFile(&lib, THAW_CUBIN_PATH_samples, nullptr, nullptr, 0, nullptr,
-                                  nullptr, 0));
+  ASSERT_CU(cuLibraryLoadFromFile(&lib, KernelFile(THAW_CUBIN_PATH_samples).c_str(), nullptr,
+                                  nullptr, 0, nullptr, nullptr, 0));
   CUkernel k = nullptr;
   ASSERT_CU(cuLibraryGetKernel(&k, lib, kVecAdd));
   VecAddJob job(2000);

@@ -7,13 +7,14 @@
 # "zero-copy on" — then that a failing device_map run, TORCH_RUNS and TORCH_BUDGET_S are
 # reported as they should be. About 20 s; nothing needs root.
 #
-# usage: tools/gpu-kit/torch/tests/test-orchestration.sh [--build DIR] [--keep]
+# usage: tests/tools/gpu-kit/torch/test-orchestration.sh [--build DIR] [--keep]
 #   --build  the build tree with thawd, thawctl, thaw-fetch, thaw-genmodel, the shim and the
 #            emulator (default build/default)
 #   --keep   leave the work directory (logs, torch.json of each case) and say where
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../../../.." && pwd)
+STEP_SRC=$REPO/tools/gpu-kit/torch
 B=$REPO/build/default
 KEEP=0
 while [[ $# -gt 0 ]]; do
@@ -46,7 +47,7 @@ cp "$B/daemon/thawd/thawd" "$B/tools/thawctl/thawctl" "$B/tools/thaw-fetch/thaw-
   "$B/tools/genmodel/thaw-genmodel" "$KIT/bin/"
 cp "$B/preload/libthaw-preload.so" "$KIT/lib/"
 cp "$B/emu/libcuda.so.1" "$KIT/emu/"
-cp "$HERE/../run_torch_step.sh" "$HERE/../torch_report.py" "$T/step/"
+cp "$STEP_SRC/run_torch_step.sh" "$STEP_SRC/torch_report.py" "$T/step/"
 cp "$HERE/fake_engine.py" "$T/step/torch_engine.py"
 cat >"$T/pylib/torch/__init__.py" <<'PY'
 __version__ = "0+fake"
