@@ -305,9 +305,59 @@ run_curl() {
   CPU=$(cpu_of "$WORK/cpu")
 }
 
+# curl | sha256sum: the peer that verifies, as thaw-fetch does. The files one after another,
+# each streamed by its own curl through `tee` into its file and into the hash (so the bytes
+# are both stored and hashed, in one pass, as thaw-fetch's are); /usr/bin/time counts the
+# whole pipeline's CPU. Every file's digest is then checked against the sha256 the registry's
+# thaw-manifest.json publishes (the digests thaw-fetch checks), every round.
+# run_curl_hash NETNS BASE DIR WHO HASH...: HASH reads stdin and prints the hex digest first
+# (`sha256sum`, or `openssl dgst -sha256 -r`: coreutils' sha256sum may lack the CPU's SHA
+# instructions, OpenSSL uses them).
+run_curl_hash() {
+  local netns=$1 base=$2 dir=$3 who=$4
+  shift 4
+  local -a ns=()
+  [[ -n $netns ]] && ns=(ip netns exec "$netns")
+  local sums="$WORK/$who.sums"
+  local t0 t1
+  t0=$(now)
+  # shellcheck disable=SC2016  # the script is bash -c's, expanded there
+  timed "$WORK/cpu" "${ns[@]}" bash -c 'set -o pipefail
+    base=$1 dir=$2 n=$3
+    shift 3
+    hash=("${@:1:n}")
+    shift "$n"
+    for f; do
+      sum=$(curl -sS --fail "$base/$f" | tee "$dir/$f" | "${hash[@]}") || exit 1
+      printf "%s  %s\n" "${sum%% *}" "$f"
+    done' "$who" "$base" "$dir" $# "$@" "${MODEL_FILES[@]}" >"$sums" 2>"$WORK/$who.stderr" ||
+    die "curl | $*: failed: $(tail -5 "$WORK/$who.stderr")"
+  t1=$(now)
+  T=$(elapsed "$t0" "$t1")
+  CPU=$(cpu_of "$WORK/cpu")
+  check_manifest_digests "$sums" "curl | $*"
+}
+
+# check_manifest_digests SUMS WHO: every model file has a line "<sha256>  <name>" in SUMS
+# equal to the sha256 of MODEL_DIR/thaw-manifest.json.
+check_manifest_digests() {
+  /usr/bin/python3 - "$MODEL_DIR/thaw-manifest.json" "$1" "$2" "${MODEL_FILES[@]}" <<'PY' ||
+import json, sys
+manifest, sums, who, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+want = {f["path"]: f["sha256"] for f in json.load(open(manifest))["files"]}
+got = dict(reversed(l.rstrip("\n").split("  ", 1)) for l in open(sums) if l.strip())
+for n in names:
+    if n not in want:
+        sys.exit(f"{who}: {n} has no sha256 in {manifest}; republish the model (delete it)")
+    if got.get(n) != want[n]:
+        sys.exit(f"{who}: {n} hashed to {got.get(n)}, the manifest says {want[n]}")
+PY
+    die "$2: a digest does not match the manifest (see above)"
+}
+
 # run_contender WHO ROUND NETNS REGISTRY: one fetch of the whole model by WHO (thaw,
-# aria2c or curl) into a fresh directory under CACHE_ROOT; the first round is byte-compared with
-# the registry's files; appends the run to RESULTS.
+# aria2c, curl, curl-sha256 or curl-openssl) into a fresh directory under CACHE_ROOT; the first round is
+# byte-compared with the registry's files; appends the run to RESULTS.
 run_contender() {
   local who=$1 round=$2 netns=$3 registry=$4 dir="$CACHE_ROOT/$1"
   mkdir -p "$dir"
@@ -319,6 +369,10 @@ run_contender() {
       ;;
     aria2c) run_aria2c "$netns" "$registry/$MODEL_NAME" "$dir" ;;
     curl) run_curl "$netns" "$registry/$MODEL_NAME" "$dir" ;;
+    curl-sha256) run_curl_hash "$netns" "$registry/$MODEL_NAME" "$dir" "$who" sha256sum ;;
+    curl-openssl)
+      run_curl_hash "$netns" "$registry/$MODEL_NAME" "$dir" "$who" openssl dgst -sha256 -r
+      ;;
     *) die "unknown contender $who" ;;
   esac
   log "round $round $who: $T s, $CPU CPU s"

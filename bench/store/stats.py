@@ -58,6 +58,7 @@ def thaw_field(run, key):
 def cmd_goodput(a):
     order, runs = load(a.results)
     med = {}
+    med_cpu = {}
     print(f"{'contender':<12} {'runs':>4} {'wall s (each run)':<28} {'median goodput':<32} "
           f"CPU s per GB")
     for name in order:
@@ -65,7 +66,7 @@ def cmd_goodput(a):
         goodputs = [r["bytes"] / r["s"] for r in rs]
         med[name] = statistics.median(goodputs)
         each = " ".join(f"{r['s']:.2f}" for r in rs)
-        cpu_gb = statistics.median(r["cpu"] / (r["bytes"] / 1e9) for r in rs)
+        cpu_gb = med_cpu[name] = statistics.median(r["cpu"] / (r["bytes"] / 1e9) for r in rs)
         print(f"{name:<12} {len(rs):>4} {each:<28} {fmt_rate(med[name]):<32} {cpu_gb:.2f}")
         self_gp = [v for v in (thaw_field(r, "goodput_bytes_per_s") for r in rs) if v]
         if self_gp:
@@ -95,6 +96,11 @@ def cmd_goodput(a):
         verdict = (f"  (target >= {float(target):g}x: {check(r, '>=', float(target))})"
                    if target else "  (no target: for comparison)")
         print(f"goodput ratio {num}/{den} = {r:.2f}x{verdict}")
+    for pair in a.cpu_ratio:
+        num, den = pair.split("/")
+        r = med_cpu[num] / med_cpu[den]
+        print(f"CPU s per GB ratio {num}/{den} = {r:.2f}x ({med_cpu[num]:.2f} / {med_cpu[den]:.2f}; "
+              f"below 1: {num} spends less CPU per byte)")
 
 
 def cmd_pipeline(a):
@@ -122,6 +128,8 @@ def main():
     g = sub.add_parser("goodput")
     g.add_argument("results")
     g.add_argument("--ratio", action="append", default=[], help="A/B or A/B>=X")
+    g.add_argument("--cpu-ratio", action="append", default=[],
+                   help="A/B: ratio of median CPU seconds per GB, no target")
     g.add_argument("--link-bps", type=float)
     g.add_argument("--mtu", type=int, default=1500)
     g.add_argument("--subject", default="thaw")
