@@ -1,4 +1,5 @@
 #!/bin/bash
+# shellcheck disable=SC2016  # $ORIGIN is for the dynamic loader, literally: single quotes
 # Assembles the real-GPU kit (issue 21): one self-contained directory that runs thaw's checks on
 # a machine that has only bash and the NVIDIA driver (or, without a GPU, thaw's emulator).
 # Called by the gpu-kit target (tools/gpu-kit/CMakeLists.txt; `make gpu-kit`), which passes
@@ -95,7 +96,7 @@ for f in "$NEW"/bin/* "$NEW"/conformance/*; do
   elf "$f" || continue
   patchelf --set-rpath '$ORIGIN/../lib' "$f" || die "patchelf failed on $f"
 done
-for f in "$NEW"/lib/*.so*; do patchelf --set-rpath '$ORIGIN' "$f"; done
+for f in "$NEW"/lib/*.so*; do patchelf --set-rpath '$ORIGIN' "$f" || die "patchelf failed on $f"; done
 for f in "$NEW"/emu/*.so*; do patchelf --set-rpath '$ORIGIN/../lib' "$f"; done
 
 # ---------------------------------------------------------------------------- scripts

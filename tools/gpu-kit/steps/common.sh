@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the kit's run script and its steps (sourced). A step is run as
 #   bash steps/X.sh STEP_DIR
 # with KIT, OUT, QUICK, KIT_DRIVER (real|emulator) in the environment, and leaves

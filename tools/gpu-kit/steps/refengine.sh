@@ -29,6 +29,7 @@ CASES=(
   "f16-graphs|--layers 4 --embd 256 --heads 4 --vocab 4096 --positions 128 --dtype f16 --seed 11|--cuda-graph-sizes 1 2"
   "f32-eager-module|--layers 3 --embd 192 --heads 3 --vocab 3000 --positions 128 --dtype f32 --seed 12|--enforce-eager --module-api module"
 )
+# shellcheck disable=SC2054  # the commas are the engine's token lists
 PROMPTS=(--tokens 464,2068,1586,21 --tokens 40,1101,257,1332,286)
 actual=$WORK/tokens.txt
 : >"$actual"
