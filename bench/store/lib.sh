@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared pieces of the model-store fetch benchmarks (issue 5). Sourced, not run.
 # shellcheck disable=SC2034  # variables set here are used by the sourcing scripts
 #
@@ -23,28 +24,9 @@ GENMODEL_ARGS=(--size custom --layers 32 --embd 1152 --heads 18 --vocab 9000 --s
 PUBLISH_CHUNK=1MiB
 PUBLISH_CHUNK_BYTES=1048576
 
-log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-# ---------------------------------------------------------------------------- cleanup
-_DEFERRED=()
-defer() { _DEFERRED+=("$*"); }
-_run_deferred() {
-  local rc=$?
-  trap - EXIT INT TERM ERR
-  local i
-  for ((i = ${#_DEFERRED[@]} - 1; i >= 0; i--)); do
-    eval "${_DEFERRED[i]}" >/dev/null 2>&1 || true
-  done
-  _DEFERRED=()
-  return $rc
-}
-trap '_run_deferred' EXIT
-trap 'log "interrupted"; exit 130' INT
-trap 'log "terminated"; exit 143' TERM
-
-WORK=$(mktemp -d /tmp/thaw-bench.XXXXXX)
-defer "rm -rf '$WORK'"
+# log, die, defer (one trap undoes everything in reverse order), WORK, now, elapsed: the
+# demo's portable core (tools/demo/lib.sh). This file's start_nginx, below, replaces that one's.
+THAW_WORK_PREFIX=thaw-bench TMPDIR=/tmp source "$REPO_ROOT/tools/demo/lib.sh"
 
 # CACHE_ROOT: a fresh tmpfs directory for fetched bytes (page-cache backed, like thawd's
 # cache). Not a command substitution: `defer` must run in this shell.
@@ -234,7 +216,6 @@ print(int(float(m[1]) * {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m[2]])
 }
 
 # ---------------------------------------------------------------------------- timing
-now() { printf '%s\n' "$EPOCHREALTIME"; }
 
 # timed FILE CMD...: runs CMD under /usr/bin/time, leaving "user sys" CPU seconds (of CMD
 # and the children it waited for) as the last line of FILE; cpu_of FILE prints their sum.
@@ -244,7 +225,6 @@ timed() {
   /usr/bin/time -f '%U %S' -o "$file" "$@"
 }
 cpu_of() { tail -1 "$1" | awk '{printf "%.2f", $1 + $2}'; }
-elapsed() { /usr/bin/python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.6f}')" "$1" "$2"; }
 
 # Load average and who else is busy, for the record.
 note_load() {

@@ -1,5 +1,7 @@
 # shellcheck shell=bash
-# What tools/demo/run-demo.sh needs besides its own steps. Sourced, not run; it travels with
+# What tools/demo/run-demo.sh needs besides its own steps (log, die, defer and its cleanup
+# trap, timing, a loopback nginx), and the core bench/store/lib.sh builds on. Sourced, not
+# run; it travels with
 # the script (the real-GPU kit copies both into KIT/share), so it uses nothing but bash,
 # coreutils, grep, sed, awk and findutils: no python3, no curl (a minimal Debian root has none).
 # shellcheck disable=SC2034  # WORK is used by the sourcing script
@@ -28,7 +30,8 @@ trap '_run_deferred' EXIT
 trap 'log "interrupted"; exit 130' INT
 trap 'log "terminated"; exit 143' TERM
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/thaw-demo.XXXXXX")
+# bench/store/lib.sh sources this file too, with its own prefix for the work directory.
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/${THAW_WORK_PREFIX:-thaw-demo}.XXXXXX")
 defer "rm -rf '$WORK'"
 
 # ---------------------------------------------------------------------------- timing
