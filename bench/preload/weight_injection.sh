@@ -54,7 +54,7 @@ if ((BUILD_FIRST)); then
   cmake --build "$BUILD" --target thawd thawctl thaw-fetch thaw-genmodel thaw-preload refengine \
     thaw_emu refengine_kernels_twins >/dev/null
 fi
-THAWD_BIN=$BUILD/daemon/thawd/thawd
+THAWD_BIN=$BUILD/daemon/cli/thawd
 THAWCTL_BIN=$BUILD/tools/thawctl/thawctl
 THAW_FETCH_BIN=$BUILD/tools/thaw-fetch/thaw-fetch
 REFENGINE=$BUILD/tools/refengine/refengine

@@ -58,7 +58,7 @@ socket = "$WORK/thawd.sock"
 bus = "$BUS"
 CONF
 THAW_LIBCUDA=$BUILD/emu/libcuda.so.1 THAW_EMU_DEVICE_MEMORY=1G THAW_EMU_STATE_DIR=$WORK/emu \
-  "$BUILD/daemon/thawd/thawd" --config "$WORK/thawd.toml" 2>"$WORK/thawd.log" &
+  "$BUILD/daemon/cli/thawd" --config "$WORK/thawd.toml" 2>"$WORK/thawd.log" &
 THAWD=$!
 for _ in $(seq 200); do [[ -S $WORK/thawd.sock ]] && busctl --address="$BUS" status org.thaw.Node1 >/dev/null 2>&1 && break; sleep 0.05; done
 

@@ -24,7 +24,7 @@
 
 #include "common/proto/cluster/cluster.pb.h"
 #include "daemon/agent/worker_launcher.hpp"
-#include "daemon/node/node_service.hpp"
+#include "daemon/service/node_service.hpp"
 
 namespace thaw::daemon {
 

@@ -13,7 +13,7 @@
 #include <variant>
 #include <vector>
 
-#include "daemon/node/node_service.hpp"
+#include "daemon/service/node_service.hpp"
 
 namespace thaw::daemon {
 

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "daemon/api/bus_snapshot.hpp"
-#include "daemon/node/access_policy.hpp"
-#include "daemon/node/node_service.hpp"
+#include "daemon/service/access_policy.hpp"
+#include "daemon/service/node_service.hpp"
 
 namespace thaw::daemon {
 

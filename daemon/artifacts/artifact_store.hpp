@@ -34,7 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fd/unique_fd.hpp"
-#include "daemon/node/service_error.hpp"
+#include "daemon/service/service_error.hpp"
 
 namespace thaw::daemon {
 

@@ -1,10 +1,10 @@
-// thawd: the node daemon. See daemon/core/thawd.hpp for its life cycle and
+// thawd: the node daemon. See daemon/lifecycle/thawd.hpp for its life cycle and
 // packaging/thawd.toml for its configuration.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "daemon/config/thawd_config.hpp"
-#include "daemon/core/thawd.hpp"
+#include "daemon/lifecycle/thawd.hpp"
 #include "daemon/log/log.hpp"
 
 int main(int argc, char** argv) {

@@ -1,4 +1,4 @@
-#include "daemon/core/service_notifier.hpp"
+#include "daemon/lifecycle/service_notifier.hpp"
 
 #include <systemd/sd-daemon.h>
 

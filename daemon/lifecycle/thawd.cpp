@@ -1,4 +1,4 @@
-#include "daemon/core/thawd.hpp"
+#include "daemon/lifecycle/thawd.hpp"
 
 #include <fmt/format.h>
 #include <grp.h>

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "daemon/node/node_service.hpp"
-#include "daemon/shim/shim_server.hpp"
+#include "daemon/service/node_service.hpp"
+#include "daemon/shim_socket/shim_server.hpp"
 
 namespace thaw::daemon {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "common/safetensors/model.hpp"
-#include "daemon/node/service_error.hpp"
+#include "daemon/service/service_error.hpp"
 #include "vmm/weight_layout.hpp"
 
 namespace thaw::daemon {

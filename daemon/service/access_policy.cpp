@@ -1,4 +1,4 @@
-#include "daemon/node/access_policy.hpp"
+#include "daemon/service/access_policy.hpp"
 
 #include <fmt/format.h>
 #include <grp.h>

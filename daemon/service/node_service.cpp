@@ -1,11 +1,11 @@
 // NodeService: models (fetches into the host cache) and the operations shared by all front
 // ends. Slots are in node_slots.cpp.
-#include "daemon/node/node_service.hpp"
+#include "daemon/service/node_service.hpp"
 
 #include <fmt/format.h>
 
 #include "daemon/log/log.hpp"
-#include "daemon/node/node_service_state.hpp"
+#include "daemon/service/node_service_state.hpp"
 #include "daemon/store/cache/cache_layout.hpp"
 
 namespace thaw::daemon {

@@ -43,7 +43,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/node/service_error.hpp"
+#include "daemon/service/service_error.hpp"
 #include "daemon/store/cache/host_cache.hpp"
 #include "daemon/store/fetch/model_fetch.hpp"
 #include "daemon/store/registry/registry.hpp"

@@ -1,4 +1,4 @@
-// NodeService's records of running work (private to daemon/node).
+// NodeService's records of running work (private to daemon/service).
 #pragma once
 
 #include <condition_variable>
@@ -9,7 +9,7 @@
 #include <string>
 #include <thread>
 
-#include "daemon/node/node_service.hpp"
+#include "daemon/service/node_service.hpp"
 
 namespace thaw::daemon {
 

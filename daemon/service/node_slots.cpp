@@ -8,8 +8,8 @@
 
 #include "common/safetensors/model.hpp"
 #include "daemon/log/log.hpp"
-#include "daemon/node/node_service.hpp"
-#include "daemon/node/node_service_state.hpp"
+#include "daemon/service/node_service.hpp"
+#include "daemon/service/node_service_state.hpp"
 #include "daemon/prewarm/cache_weight_source.hpp"
 #include "daemon/prewarm/engine_layout.hpp"
 #include "daemon/store/cache/cache_layout.hpp"

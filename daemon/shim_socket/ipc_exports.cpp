@@ -1,4 +1,4 @@
-#include "daemon/shim/ipc_exports.hpp"
+#include "daemon/shim_socket/ipc_exports.hpp"
 
 #include <sys/random.h>
 #include <sys/stat.h>

@@ -13,7 +13,7 @@
 #include <map>
 
 #include "common/fd/unique_fd.hpp"
-#include "daemon/node/service_error.hpp"
+#include "daemon/service/service_error.hpp"
 
 namespace thaw::daemon {
 

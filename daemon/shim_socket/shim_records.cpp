@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "daemon/log/log.hpp"
-#include "daemon/shim/shim_server.hpp"
+#include "daemon/shim_socket/shim_server.hpp"
 #include "daemon/store/fetch/sha256.hpp"
 
 namespace thaw::daemon {

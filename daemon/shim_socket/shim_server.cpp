@@ -1,4 +1,4 @@
-#include "daemon/shim/shim_server.hpp"
+#include "daemon/shim_socket/shim_server.hpp"
 
 #include <fmt/format.h>
 #include <sys/socket.h>

@@ -28,9 +28,9 @@
 #include "common/fd/unique_fd.hpp"
 #include "common/proto/seqpacket.hpp"
 #include "daemon/artifacts/artifact_store.hpp"
-#include "daemon/node/access_policy.hpp"
-#include "daemon/node/node_service.hpp"
-#include "daemon/shim/ipc_exports.hpp"
+#include "daemon/service/access_policy.hpp"
+#include "daemon/service/node_service.hpp"
+#include "daemon/shim_socket/ipc_exports.hpp"
 
 namespace thaw::daemon {
 

@@ -14,7 +14,7 @@
 #include <shared_mutex>
 #include <string_view>
 
-#include "preload/daemon/daemon_client.hpp"
+#include "preload/thawd_client/thawd_client.hpp"
 #include "preload/hooks/engine_memory.hpp"
 #include "preload/hooks/injector_instance.hpp"
 #include "preload/hooks/recorder_instance.hpp"

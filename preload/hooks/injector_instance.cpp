@@ -3,7 +3,7 @@
 #include <atomic>
 #include <mutex>
 
-#include "preload/daemon/daemon_client.hpp"
+#include "preload/thawd_client/thawd_client.hpp"
 #include "preload/hooks/layout_instance.hpp"
 #include "preload/hooks/recorder_instance.hpp"
 #include "preload/interpose/real_driver.hpp"

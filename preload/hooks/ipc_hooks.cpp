@@ -22,7 +22,7 @@
 #include <map>
 #include <mutex>
 
-#include "preload/daemon/daemon_client.hpp"
+#include "preload/thawd_client/thawd_client.hpp"
 #include "preload/hooks/layout_instance.hpp"
 #include "preload/interpose/hook_table.hpp"
 #include "preload/interpose/real_driver.hpp"

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "preload/daemon/daemon_client.hpp"
+#include "preload/thawd_client/thawd_client.hpp"
 #include "preload/hooks/engine_memory.hpp"
 #include "preload/hooks/injector_instance.hpp"
 #include "preload/hooks/layout_instance.hpp"

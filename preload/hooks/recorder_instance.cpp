@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "preload/daemon/daemon_client.hpp"
+#include "preload/thawd_client/thawd_client.hpp"
 #include "preload/hooks/injector_instance.hpp"
 #include "preload/hooks/layout_instance.hpp"
 #include "preload/interpose/real_driver.hpp"

@@ -1,4 +1,4 @@
-#include "preload/daemon/daemon_client.hpp"
+#include "preload/thawd_client/thawd_client.hpp"
 
 #include <sys/mman.h>
 #include <sys/stat.h>

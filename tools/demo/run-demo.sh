@@ -154,7 +154,7 @@ else
   BUILD=${BUILD:-$SCRIPT_DIR/../../build/default}
   [[ -d $BUILD ]] || die "no build tree at $BUILD: run make build"
   BUILD=$(cd "$BUILD" && pwd)
-  THAWD_BIN=$BUILD/daemon/thawd/thawd
+  THAWD_BIN=$BUILD/daemon/cli/thawd
   THAWCTL_BIN=$BUILD/tools/thawctl/thawctl
   THAW_FETCH_BIN=$BUILD/tools/thaw-fetch/thaw-fetch
   GENMODEL=$BUILD/tools/genmodel/thaw-genmodel

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "daemon/agent/worker_launcher.hpp"
-#include "daemon/node/node_service.hpp"
+#include "daemon/service/node_service.hpp"
 #include "temp_dir.hpp"
 
 namespace thaw::daemon::testing {

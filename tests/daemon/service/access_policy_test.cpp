@@ -1,6 +1,6 @@
 // The access rule: root always; others only through a primary or supplementary group that
 // is allowed; group names that do not exist are reported, never matched.
-#include "daemon/node/access_policy.hpp"
+#include "daemon/service/access_policy.hpp"
 
 #include <grp.h>
 #include <gtest/gtest.h>

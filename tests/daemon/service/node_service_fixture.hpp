@@ -10,7 +10,7 @@
 #include <optional>
 #include <thread>
 
-#include "daemon/node/node_service.hpp"
+#include "daemon/service/node_service.hpp"
 #include "daemon/store/fetch/manifest_publish.hpp"
 #include "fetch_test_support.hpp"
 #include "temp_dir.hpp"

@@ -1,6 +1,6 @@
 // NodeService without any front end: a local-directory registry (thaw-genmodel's GPT-2 with
 // a manifest), a host cache in a temporary directory and one emulated GPU.
-#include "daemon/node/node_service.hpp"
+#include "daemon/service/node_service.hpp"
 
 #include <gtest/gtest.h>
 

@@ -44,7 +44,7 @@ def check(ok, what):
 
 # The kit's layout (tools/gpu-kit): its file -> the build tree's.
 KIT_FROM_BUILD = {
-    "bin/thawd": "daemon/thawd/thawd",
+    "bin/thawd": "daemon/cli/thawd",
     "bin/thawctl": "tools/thawctl/thawctl",
     "bin/thaw-fetch": "tools/thaw-fetch/thaw-fetch",
     "bin/thaw-genmodel": "tools/genmodel/thaw-genmodel",

@@ -25,7 +25,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 fail() { echo "test-orchestration: FAILED: $*" >&2; exit 1; }
-for f in daemon/thawd/thawd tools/thawctl/thawctl tools/thaw-fetch/thaw-fetch \
+for f in daemon/cli/thawd tools/thawctl/thawctl tools/thaw-fetch/thaw-fetch \
   tools/genmodel/thaw-genmodel preload/libthaw-preload.so emu/libcuda.so.1; do
   [[ -e $B/$f ]] || fail "$B/$f is not built"
 done
@@ -43,7 +43,7 @@ trap cleanup EXIT
 # A kit as make-kit.sh lays it out (copies: a concurrent build cannot change them mid-test).
 KIT=$T/kit
 mkdir -p "$KIT/bin" "$KIT/lib" "$KIT/emu" "$T/step" "$T/pylib"/{torch,transformers,safetensors}
-cp "$B/daemon/thawd/thawd" "$B/tools/thawctl/thawctl" "$B/tools/thaw-fetch/thaw-fetch" \
+cp "$B/daemon/cli/thawd" "$B/tools/thawctl/thawctl" "$B/tools/thaw-fetch/thaw-fetch" \
   "$B/tools/genmodel/thaw-genmodel" "$KIT/bin/"
 cp "$B/preload/libthaw-preload.so" "$KIT/lib/"
 cp "$B/emu/libcuda.so.1" "$KIT/emu/"
