@@ -4,6 +4,7 @@
 
 #include <cerrno>
 
+#include "daemon/api/bus_caller.hpp"
 #include "daemon/api/node_bus.hpp"
 
 namespace thaw::daemon {
@@ -21,31 +22,19 @@ NodeBus* self_of(void* p) {
 }  // namespace
 
 int NodeBus::authorize(sd_bus_message* m, const char* action, sd_bus_error* error) {
-  sd_bus_creds* creds = nullptr;
-  int r = sd_bus_query_sender_creds(m,
-                                    SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID | SD_BUS_CREDS_EGID |
-                                        SD_BUS_CREDS_SUPPLEMENTARY_GIDS | SD_BUS_CREDS_AUGMENT,
-                                    &creds);
-  if (r < 0) {
+  // The bus's record of the caller, never credentials read from /proc (bus_caller.hpp).
+  auto caller = query_bus_caller(m);
+  if (!caller) {
     return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
                              "%s refused: thawd cannot tell who is calling (%s)", action,
-                             std::strerror(-r));
+                             caller.error().c_str());
   }
-  PeerIdentity peer;
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  const gid_t* gids = nullptr;
-  if (sd_bus_creds_get_pid(creds, &pid) >= 0) peer.pid = pid;
-  if (sd_bus_creds_get_euid(creds, &uid) >= 0) peer.uid = uid;
-  if (sd_bus_creds_get_egid(creds, &gid) >= 0) peer.gid = gid;
-  const int n = sd_bus_creds_get_supplementary_gids(creds, &gids);
-  for (int i = 0; i < n; ++i) peer.groups.push_back(gids[i]);
-  sd_bus_creds_unref(creds);
-  if (access_->allows(peer)) return 0;
+  if (access_->allows(caller->peer)) return 0;
   return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
-                           "%s needs %s (caller uid %u); reading properties is open to everyone",
-                           action, access_->describe().c_str(), static_cast<unsigned>(peer.uid));
+                           "%s needs %s (caller uid %u%s); reading properties is open to everyone",
+                           action, access_->describe().c_str(),
+                           static_cast<unsigned>(caller->peer.uid),
+                           caller->groups_known ? "" : ", whose groups the bus did not report");
 }
 
 int NodeBus::method_fetch(sd_bus_message* m, void* self, sd_bus_error* error) {
