@@ -135,19 +135,23 @@ class GpuMemory {
   GpuMemory(const GpuMemory&) = delete;
   GpuMemory& operator=(const GpuMemory&) = delete;
 
+  // --- slots (gpu_memory.cpp) ---
   VmmResult<SlotId> create_slot(std::string model);
   VmmResult<void> destroy_slot(SlotId slot);  // only an empty slot
 
+  // --- prewarm (gpu_memory_prewarm.cpp) ---
   VmmResult<PrewarmReport> prewarm(SlotId slot, const WeightLayout& layout, WeightSource& source,
                                    const PrewarmOptions& options = {});
+  // --- activation and KV (gpu_memory_kv.cpp) ---
   VmmResult<ActivationReport> activate(SlotId slot, const ActivationOptions& options = {});
   // Blocks until `bytes` of the active slot's KV region are mapped (or the budget is
   // reached, or `timeout`): what the engine calls before using more KV.
   VmmResult<std::uint64_t> ensure_kv(SlotId slot, std::uint64_t bytes,
                                      std::chrono::milliseconds timeout = std::chrono::seconds(30));
   VmmResult<void> deactivate(SlotId slot);
-  VmmResult<void> evict(SlotId slot);
+  VmmResult<void> evict(SlotId slot);  // gpu_memory.cpp
 
+  // --- proactive prewarm: KV lent between slots (gpu_memory_lending.cpp) ---
   // Keeps `keep_bytes` of `active`'s KV mapped and lends the pages above to `borrower`.
   // Returns the pages lent.
   VmmResult<std::size_t> lend_kv(SlotId active, SlotId borrower, std::uint64_t keep_bytes);
@@ -155,6 +159,7 @@ class GpuMemory {
   // none are lent). Returns the pages reclaimed.
   VmmResult<std::size_t> reclaim_kv(SlotId active, std::uint64_t bytes);
 
+  // --- pages handed to an engine process (gpu_memory_engine.cpp) ---
   VmmResult<ExportedRange> export_range(SlotId slot, std::uint64_t offset, std::uint64_t length);
   VmmResult<void> confirm_import(std::uint64_t token);
   // An engine that copied a slot's weights into memory of its own (weight injection's copy
@@ -180,6 +185,7 @@ class GpuMemory {
   // the rest: an engine's memory goes some time after it exits). Returns how many.
   std::size_t take_back_returned();
 
+  // --- background work and inspection (gpu_memory.cpp) ---
   void wait_idle();  // until the background thread has nothing queued or running
   std::vector<SlotInfo> slots() const;
   VmmResult<SlotInfo> slot(SlotId slot) const;
@@ -191,7 +197,7 @@ class GpuMemory {
   std::expected<void, std::string> check_invariants() const;
 
  private:
-  struct Slot;
+  struct Slot;  // gpu_memory_internal.hpp
   GpuMemory(std::shared_ptr<const cuda::Driver> driver, CUdevice device, CUcontext context);
 
   Slot* find_locked(SlotId id) const;
