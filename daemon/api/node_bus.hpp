@@ -10,11 +10,13 @@
 // difference between snapshots goes out as PropertiesChanged / InterfacesAdded /
 // InterfacesRemoved, so progress signals come at most once per tick per object.
 //
-// Mutating methods (Fetch, Prewarm, Activate, Deactivate, Evict) check the caller: the bus
-// policy (packaging/org.thaw.Node1.conf) already limits them to root and group thaw, and
-// thawd asks the bus for the sender's credentials and checks them against its own
+// Mutating methods (Fetch, Prewarm, PrewarmLayers, Activate, Deactivate, Evict) check the
+// caller: the bus policy (packaging/org.thaw.Node1.conf) already limits them to root and
+// group thaw, and thawd asks the bus for the credentials it recorded when the sender
+// connected (bus_caller.hpp; never /proc, which is racy) and checks them against its own
 // AccessPolicy, answering org.freedesktop.DBus.Error.AccessDenied. Errors of the service
-// are org.thaw.Error.* with the service's message.
+// are org.thaw.Error.* with the service's message. tests/daemon/api checks both layers for
+// every method thawd exports.
 #pragma once
 
 #include <systemd/sd-bus.h>

@@ -16,7 +16,9 @@ struct PeerIdentity {
   pid_t pid = 0;
   uid_t uid = static_cast<uid_t>(-1);
   gid_t gid = static_cast<gid_t>(-1);
-  std::vector<gid_t> groups;  // supplementary
+  // Supplementary groups. From the bus (GetConnectionCredentials' UnixGroupIDs) every group,
+  // the primary one included, with `gid` unset: the bus does not say which is primary.
+  std::vector<gid_t> groups;
 };
 
 class AccessPolicy {
