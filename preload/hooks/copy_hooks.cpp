@@ -41,7 +41,11 @@ CUresult h2d(Real real_copy, CUdeviceptr dst, const void* src, size_t bytes, Ord
   std::optional<LayoutAllocation> a;
   if (layout != nullptr) {
     a = layout->find(dst);
-    if (a && dst + bytes > a->base + a->size) a.reset();
+    // Copies into a reservation placed at the caller's requested address are not in the
+    // sequence the copy map indexes.
+    if (a && (dst + bytes > a->base + a->size || a->index == LayoutAllocation::kOutOfSequence)) {
+      a.reset();
+    }
   }
   const std::optional<std::uint64_t> region_offset =
       a ? std::optional(dst - layout->base()) : std::nullopt;

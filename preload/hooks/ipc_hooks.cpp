@@ -22,11 +22,11 @@
 #include <map>
 #include <mutex>
 
-#include "preload/thawd_client/thawd_client.hpp"
 #include "preload/hooks/layout_instance.hpp"
 #include "preload/interpose/hook_table.hpp"
 #include "preload/interpose/real_driver.hpp"
 #include "preload/shim/shim_state.hpp"
+#include "preload/thawd_client/thawd_client.hpp"
 
 using namespace thaw::preload;
 
@@ -181,6 +181,9 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
   auto a = layout->find(dptr);
   if (!a) return CUDA_ERROR_INVALID_VALUE;  // freed: what the driver says of freed memory
+  // VMM memory the caller mapped into its own reservation: the driver refuses legacy IPC of
+  // it, with or without the shim.
+  if (a->reservation) return driver_fn(handle, dptr);
   IpcState& s = state();
   std::lock_guard lock(s.mutex);
   if (auto it = s.exported.find(a->base); it != s.exported.end()) {

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 
-#include "preload/thawd_client/thawd_client.hpp"
 #include "preload/hooks/engine_memory.hpp"
 #include "preload/hooks/injector_instance.hpp"
 #include "preload/hooks/layout_instance.hpp"
@@ -14,17 +13,35 @@
 #include "preload/interpose/hook_table.hpp"
 #include "preload/interpose/real_driver.hpp"
 #include "preload/shim/shim_state.hpp"
+#include "preload/thawd_client/thawd_client.hpp"
 
 using namespace thaw::preload;
 
 namespace {
 
-// Answers RANGE_START_ADDR / RANGE_SIZE for the layout's allocations (the driver would give
-// the whole region's reservation).
-void fix_range_attribute(CUpointer_attribute attribute, void* data, const LayoutAllocation& a) {
-  if (data == nullptr || a.reservation) return;
-  if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data) = a.base;
-  if (attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data) = a.size;
+// Answers for the layout's allocations what the driver answers without the shim. The range
+// is the allocation's, or for memory the caller mapped into its own reservation that
+// reservation's (the driver would give the whole region's) — where the driver knows the
+// pointer at all (its answer is not 0). cuMemAlloc memory is not VMM memory to the caller:
+// legacy-IPC capable (the shim translates its IPC), no shareable handle types.
+void fix_attribute(CUpointer_attribute attribute, void* data, const LayoutAllocation& a) {
+  if (data == nullptr) return;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      if (auto* v = static_cast<CUdeviceptr*>(data); *v != 0) *v = a.base;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      if (auto* v = static_cast<size_t*>(data); *v != 0) *v = a.size;
+      break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      if (!a.reservation) *static_cast<bool*>(data) = true;
+      break;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      if (!a.reservation) *static_cast<unsigned long long*>(data) = 0;
+      break;
+    default:
+      break;
+  }
 }
 
 // With thawd there, an engine allocates out of thawd's pool: at its first allocation or
@@ -173,12 +190,20 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
                              unsigned long long flags) {
   auto driver_fn = real<decltype(&cuMemAddressReserve)>(Hook::mem_address_reserve);
   if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  if (ReentryGuard::inside() || config().disabled || !config().deterministic || addr != 0 ||
-      flags != 0) {
+  if (ReentryGuard::inside() || config().disabled || !config().deterministic || flags != 0) {
     return driver_fn(ptr, size, alignment, addr, flags);
   }
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
+  // A requested address in the region: the driver sees the region there and would place it
+  // elsewhere, though the caller asked for VA that is free to it (issue 22).
+  if (addr != 0) {
+    DeterministicLayout* layout = layout_instance();
+    if (layout != nullptr && layout->in_region(addr)) {
+      if (auto r = layout->reserve_at(ptr, size, alignment, addr)) return *r;
+    }
+    return driver_fn(ptr, size, alignment, addr, flags);
+  }
   if (DeterministicLayout* layout = layout_instance()) {
     if (auto r = layout->reserve(ptr, size, alignment)) {
       if (*r == CUDA_SUCCESS) {
@@ -260,7 +285,7 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
   if (DeterministicLayout* layout = layout_instance()) {
-    if (auto a = layout->find(ptr)) fix_range_attribute(attribute, data, *a);
+    if (auto a = layout->find(ptr)) fix_attribute(attribute, data, *a);
   }
   return r;
 }
@@ -275,7 +300,7 @@ CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attribu
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
   if (DeterministicLayout* layout = layout_instance()) {
     if (auto a = layout->find(ptr)) {
-      for (unsigned i = 0; i < count; ++i) fix_range_attribute(attributes[i], data[i], *a);
+      for (unsigned i = 0; i < count; ++i) fix_attribute(attributes[i], data[i], *a);
     }
   }
   return r;

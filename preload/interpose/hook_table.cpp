@@ -27,6 +27,11 @@ CUresult cuMemAddressFree(CUdeviceptr, size_t);
 CUresult cuMemCreate(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
                      unsigned long long);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+CUresult cuMemGetAccess(unsigned long long*, const CUmemLocation*, CUdeviceptr);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle*, void*);
 }
 
 namespace thaw::preload {
@@ -52,6 +57,11 @@ std::array<HookEntry, static_cast<std::size_t>(Hook::count)>& table() {
       {"cuMemAddressFree", reinterpret_cast<void*>(&::cuMemAddressFree), {}},
       {"cuMemCreate", reinterpret_cast<void*>(&::cuMemCreate), {}},
       {"cuMemRelease", reinterpret_cast<void*>(&::cuMemRelease), {}},
+      {"cuMemMap", reinterpret_cast<void*>(&::cuMemMap), {}},
+      {"cuMemUnmap", reinterpret_cast<void*>(&::cuMemUnmap), {}},
+      {"cuMemSetAccess", reinterpret_cast<void*>(&::cuMemSetAccess), {}},
+      {"cuMemGetAccess", reinterpret_cast<void*>(&::cuMemGetAccess), {}},
+      {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&::cuMemRetainAllocationHandle), {}},
   }};
   return t;
 }

@@ -33,6 +33,11 @@ enum class Hook : std::size_t {
   mem_address_free,
   mem_create,
   mem_release,
+  mem_map,
+  mem_unmap,
+  mem_set_access,
+  mem_get_access,
+  mem_retain_allocation_handle,
   count
 };
 

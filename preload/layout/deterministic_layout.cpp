@@ -78,6 +78,9 @@ std::optional<CUresult> DeterministicLayout::allocate(CUdeviceptr* out, std::siz
   if (driver_.ctx_get_device(&device) != CUDA_SUCCESS) return std::nullopt;
   std::lock_guard lock(mutex_);
   if (stopped_ || !ensure_region_locked(device)) return std::nullopt;
+  // More than the device could ever hold: the driver's OUT_OF_MEMORY (rounding it up would
+  // wrap), and no reason to stop the layout.
+  if (size > region_size_) return std::nullopt;
   const std::uint64_t mapped = round_up(size, granularity_);
   if (cursor_ + mapped > region_size_) {
     stop_locked(fmt::format("the region is full after {} allocations", next_index_));
@@ -168,8 +171,10 @@ std::optional<CUresult> DeterministicLayout::reserve(CUdeviceptr* out, std::size
   if (driver_.ctx_get_device(&device) != CUDA_SUCCESS) return std::nullopt;
   std::lock_guard lock(mutex_);
   if (stopped_ || !ensure_region_locked(device)) return std::nullopt;
-  // What the driver would refuse, it refuses itself.
-  if (size % granularity_ != 0 || (alignment != 0 && alignment % granularity_ != 0)) {
+  // What the driver would refuse (alignment not a power of two), or place otherwise, it
+  // answers itself.
+  if (size % granularity_ != 0 || size > region_size_ ||
+      (alignment != 0 && (alignment % granularity_ != 0 || (alignment & (alignment - 1)) != 0))) {
     return std::nullopt;
   }
   const std::uint64_t align = alignment == 0 ? granularity_ : alignment;
@@ -192,6 +197,28 @@ std::optional<CUresult> DeterministicLayout::reserve(CUdeviceptr* out, std::size
   return CUDA_SUCCESS;
 }
 
+std::optional<CUresult> DeterministicLayout::reserve_at(CUdeviceptr* out, std::size_t size,
+                                                        std::size_t alignment, CUdeviceptr addr) {
+  if (out == nullptr || size == 0) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  if (stopped_ || !reserved_ || addr < base_ || addr >= base_ + cursor_) return std::nullopt;
+  const std::uint64_t align = alignment == 0 ? granularity_ : alignment;
+  if (size % granularity_ != 0 || align % granularity_ != 0 || (align & (align - 1)) != 0 ||
+      addr % align != 0 || size > base_ + cursor_ - addr) {
+    return std::nullopt;
+  }
+  // Nothing live overlaps [addr, addr + size).
+  auto next = live_.lower_bound(addr);
+  if (next != live_.end() && next->first < addr + size) return std::nullopt;
+  if (next != live_.begin()) {
+    const LayoutAllocation& prev = std::prev(next)->second;
+    if (prev.base + std::max<std::uint64_t>(prev.size, prev.mapped) > addr) return std::nullopt;
+  }
+  live_[addr] = LayoutAllocation{LayoutAllocation::kOutOfSequence, addr, size, size, device_, true};
+  *out = addr;
+  return CUDA_SUCCESS;
+}
+
 std::optional<CUresult> DeterministicLayout::release(CUdeviceptr ptr, std::size_t size) {
   std::lock_guard lock(mutex_);
   if (!reserved_ || ptr < base_ || ptr >= base_ + region_size_) return std::nullopt;
@@ -199,8 +226,40 @@ std::optional<CUresult> DeterministicLayout::release(CUdeviceptr ptr, std::size_
   if (it == live_.end() || !it->second.reservation || it->second.size != size) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // The driver frees only a reservation with nothing mapped in it any more.
+  if (auto m = caller_mapped_.lower_bound(ptr);
+      m != caller_mapped_.end() && m->first < ptr + size) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   live_.erase(it);  // its VA is not reused
   return CUDA_SUCCESS;
+}
+
+DeterministicLayout::CallerRange DeterministicLayout::caller_range(CUdeviceptr ptr,
+                                                                   std::size_t size) const {
+  std::lock_guard lock(mutex_);
+  if (!reserved_ || ptr < base_ || ptr >= base_ + region_size_) return CallerRange::not_in_region;
+  auto it = live_.upper_bound(ptr);
+  if (it == live_.begin()) return CallerRange::outside;
+  const LayoutAllocation& a = std::prev(it)->second;
+  const bool inside = a.reservation && ptr - a.base < a.size && size <= a.size - (ptr - a.base);
+  return inside ? CallerRange::inside : CallerRange::outside;
+}
+
+CUdeviceptr DeterministicLayout::unreserved_alias(CUdeviceptr ptr) const {
+  std::lock_guard lock(mutex_);
+  return granularity_ == 0 ? 0 : ptr % granularity_;
+}
+
+void DeterministicLayout::note_caller_mapped(CUdeviceptr ptr, std::size_t size) {
+  std::lock_guard lock(mutex_);
+  caller_mapped_[ptr] = size;
+}
+
+void DeterministicLayout::note_caller_unmapped(CUdeviceptr ptr, std::size_t size) {
+  std::lock_guard lock(mutex_);
+  // The driver unmapped whole mappings, back to back: all that start in the range.
+  caller_mapped_.erase(caller_mapped_.lower_bound(ptr), caller_mapped_.lower_bound(ptr + size));
 }
 
 std::optional<LayoutAllocation> DeterministicLayout::find(CUdeviceptr ptr) const {
@@ -245,6 +304,7 @@ void DeterministicLayout::reset_after_fork() {
   // child (the child's driver state is not the parent's): the child's layout stops.
   if (reserved_) {
     live_.clear();
+    caller_mapped_.clear();
     reserved_ = false;
     stopped_ = "this process was forked from one that had already used the layout";
   }

@@ -82,7 +82,8 @@ class PageBacking {
 };
 
 struct LayoutAllocation {
-  std::uint64_t index = 0;  // allocation order in this process, from 0
+  static constexpr std::uint64_t kOutOfSequence = ~std::uint64_t{0};
+  std::uint64_t index = 0;  // allocation order in this process, from 0; or kOutOfSequence
   CUdeviceptr base = 0;
   std::size_t size = 0;    // as requested
   std::size_t mapped = 0;  // rounded up to the granularity
@@ -106,8 +107,34 @@ class DeterministicLayout {
   // A VA reservation of `size` bytes (a multiple of the granularity) aligned to `alignment`
   // (0: the granularity), next in the sequence. nullopt: not served here (the driver's).
   std::optional<CUresult> reserve(CUdeviceptr* out, std::size_t size, std::size_t alignment);
-  // cuMemAddressFree of a reservation the layout made. nullopt: not in the region.
+  // A reservation at a requested address inside the region: served there when that VA is
+  // free to the caller and the sequence has passed it (freed VA, never handed out again), as
+  // the driver honours a free requested address. Not part of the sequence (index
+  // kOutOfSequence, not told to the observer). nullopt: not served here (the driver places it).
+  std::optional<CUresult> reserve_at(CUdeviceptr* out, std::size_t size, std::size_t alignment,
+                                     CUdeviceptr addr);
+  // cuMemAddressFree of a reservation the layout made (refused while the caller still has
+  // memory mapped in it, as the driver refuses). nullopt: not in the region.
   std::optional<CUresult> release(CUdeviceptr ptr, std::size_t size);
+
+  // The caller's VMM calls (cuMemMap, cuMemUnmap, cuMemSetAccess, ...) on region VA. To the
+  // driver the region is one reservation, so it would accept ranges that run past the end of
+  // the caller's own reservation, into freed VA or into cuMemAlloc memory; the caller's
+  // driver would refuse them. The hooks ask first and send refused ranges to the driver at
+  // unreserved_alias(ptr), so the refusal is the driver's own answer, errors included.
+  enum class CallerRange {
+    not_in_region,  // not the layout's VA: the driver's to judge
+    inside,         // [ptr, ptr + size) lies within one live caller reservation
+    outside,        // region VA the caller has not reserved (or cuMemAlloc memory)
+  };
+  CallerRange caller_range(CUdeviceptr ptr, std::size_t size) const;
+  // An address no driver has reserved (below one granule, where nothing is ever mapped) with
+  // `ptr`'s offset within its granule, so alignment checks answer as for `ptr`.
+  CUdeviceptr unreserved_alias(CUdeviceptr ptr) const;
+  // The caller mapped / unmapped [ptr, ptr + size) in one of its reservations (the driver
+  // said yes): what release() consults.
+  void note_caller_mapped(CUdeviceptr ptr, std::size_t size);
+  void note_caller_unmapped(CUdeviceptr ptr, std::size_t size);
   // The live allocation containing `ptr`.
   std::optional<LayoutAllocation> find(CUdeviceptr ptr) const;
   // Whether `ptr` lies in the region at all (live or freed).
@@ -147,6 +174,8 @@ class DeterministicLayout {
   std::uint64_t cursor_ = 0;  // offset of the next allocation
   std::uint64_t next_index_ = 0;
   std::map<CUdeviceptr, LayoutAllocation> live_;  // by base
+  // What the caller mapped into its reservations: start -> size.
+  std::map<CUdeviceptr, std::uint64_t> caller_mapped_;
 };
 
 }  // namespace thaw::preload

@@ -49,14 +49,30 @@ ProbeRun probe(const std::string& args, bool preload, const std::string& env = "
 
 // The shim's hooked set (preload/interpose/hook_table.cpp) and its cuGetProcAddress wrappers.
 bool hooked(const std::string& variant) {
-  static const std::set<std::string> kHooked = {
-      "cuMemAlloc_v2",         "cuMemFree_v2",           "cuMemGetAddressRange_v2",
-      "cuPointerGetAttribute", "cuPointerGetAttributes", "cuMemcpyHtoD_v2",
-      "cuMemcpyHtoD_v2_ptds",  "cuMemcpyHtoDAsync_v2",   "cuMemcpyHtoDAsync_v2_ptsz",
-      "cuMemGetInfo_v2",       "cuIpcGetMemHandle",      "cuIpcOpenMemHandle_v2",
-      "cuIpcCloseMemHandle",   "cuMemAddressReserve",    "cuMemAddressFree",
-      "cuMemCreate",           "cuMemRelease",           "cuGetProcAddress_v2",
-      "cuGetProcAddress"};
+  static const std::set<std::string> kHooked = {"cuMemAlloc_v2",
+                                                "cuMemFree_v2",
+                                                "cuMemGetAddressRange_v2",
+                                                "cuPointerGetAttribute",
+                                                "cuPointerGetAttributes",
+                                                "cuMemcpyHtoD_v2",
+                                                "cuMemcpyHtoD_v2_ptds",
+                                                "cuMemcpyHtoDAsync_v2",
+                                                "cuMemcpyHtoDAsync_v2_ptsz",
+                                                "cuMemGetInfo_v2",
+                                                "cuIpcGetMemHandle",
+                                                "cuIpcOpenMemHandle_v2",
+                                                "cuIpcCloseMemHandle",
+                                                "cuMemAddressReserve",
+                                                "cuMemAddressFree",
+                                                "cuMemCreate",
+                                                "cuMemRelease",
+                                                "cuMemMap",
+                                                "cuMemUnmap",
+                                                "cuMemSetAccess",
+                                                "cuMemGetAccess",
+                                                "cuMemRetainAllocationHandle",
+                                                "cuGetProcAddress_v2",
+                                                "cuGetProcAddress"};
   return kHooked.contains(variant);
 }
 

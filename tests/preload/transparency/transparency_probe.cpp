@@ -1,0 +1,382 @@
+// A driver client that knows nothing of thaw, run once on the driver alone and once under
+// libthaw-preload.so (no thawd): every answer it gets — each CUresult, each value it reads
+// back — is printed as one "name value" line, never an address, so that the two runs' outputs
+// are equal exactly when the shim answered as the driver does (transparency_test.sh diffs them).
+// It reaches the driver as the CUDA runtime does: dlopen + cuGetProcAddress_v2.
+//
+//   transparency_probe <libcuda.so.1> vmm-bounds
+//       VMM calls on the edges of the caller's own reservations: a cuMemMap running past the
+//       end of one, into a freed one; cuMemUnmap / cuMemSetAccess over two reservations;
+//       cuMemAddressFree while mapped; a fixed-address reservation of freed VA; reservation
+//       alignments; VMM calls on cuMemAlloc memory (which is not VMM memory to the driver).
+//   transparency_probe <libcuda.so.1> vmm-fork
+//       forks before either side touches CUDA (as NCCL's and PyTorch's workers do); the parent
+//       creates POSIX-fd-shareable memory, fills it and sends the descriptor (SCM_RIGHTS); the
+//       child imports it into its own reservation, reads the parent's bytes, writes its own;
+//       the parent reads them back.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#undef cuGetProcAddress
+
+namespace {
+
+using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult*);
+GetProcAddress g_gpa = nullptr;
+
+template <typename Fn>
+Fn get(const char* name) {
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  if (g_gpa(name, &p, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
+      p == nullptr) {
+    std::fprintf(stderr, "no %s\n", name);
+    std::exit(3);
+  }
+  return reinterpret_cast<Fn>(p);
+}
+
+void say(const char* side, const char* what, long long value) {
+  std::printf("%s %s %lld\n", side, what, value);
+}
+
+// The entry points the scenarios use, looked up once.
+struct Driver {
+  CUresult (*init)(unsigned);
+  CUresult (*device_get)(CUdevice*, int);
+  CUresult (*primary_retain)(CUcontext*, CUdevice);
+  CUresult (*set_current)(CUcontext);
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*address_free)(CUdeviceptr, size_t);
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                     unsigned long long);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  CUresult (*get_access)(unsigned long long*, const CUmemLocation*, CUdeviceptr);
+  CUresult (*retain)(CUmemGenericAllocationHandle*, void*);
+  CUresult (*export_fd)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                        unsigned long long);
+  CUresult (*import_fd)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType);
+  CUresult (*alloc)(CUdeviceptr*, size_t);
+  CUresult (*free)(CUdeviceptr);
+  CUresult (*htod)(CUdeviceptr, const void*, size_t);
+  CUresult (*dtoh)(void*, CUdeviceptr, size_t);
+  CUresult (*memset32)(CUdeviceptr, unsigned int, size_t);
+  CUresult (*synchronize)();
+};
+
+Driver load(const char* path) {
+  void* handle = ::dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  if (handle == nullptr) {
+    std::fprintf(stderr, "%s\n", ::dlerror());
+    std::exit(2);
+  }
+  g_gpa = reinterpret_cast<GetProcAddress>(::dlsym(handle, "cuGetProcAddress_v2"));
+  if (g_gpa == nullptr) std::exit(2);
+  Driver d{};
+  d.init = get<decltype(d.init)>("cuInit");
+  d.device_get = get<decltype(d.device_get)>("cuDeviceGet");
+  d.primary_retain = get<decltype(d.primary_retain)>("cuDevicePrimaryCtxRetain");
+  d.set_current = get<decltype(d.set_current)>("cuCtxSetCurrent");
+  d.granularity = get<decltype(d.granularity)>("cuMemGetAllocationGranularity");
+  d.reserve = get<decltype(d.reserve)>("cuMemAddressReserve");
+  d.address_free = get<decltype(d.address_free)>("cuMemAddressFree");
+  d.create = get<decltype(d.create)>("cuMemCreate");
+  d.release = get<decltype(d.release)>("cuMemRelease");
+  d.map = get<decltype(d.map)>("cuMemMap");
+  d.unmap = get<decltype(d.unmap)>("cuMemUnmap");
+  d.set_access = get<decltype(d.set_access)>("cuMemSetAccess");
+  d.get_access = get<decltype(d.get_access)>("cuMemGetAccess");
+  d.retain = get<decltype(d.retain)>("cuMemRetainAllocationHandle");
+  d.export_fd = get<decltype(d.export_fd)>("cuMemExportToShareableHandle");
+  d.import_fd = get<decltype(d.import_fd)>("cuMemImportFromShareableHandle");
+  d.alloc = get<decltype(d.alloc)>("cuMemAlloc");
+  d.free = get<decltype(d.free)>("cuMemFree");
+  d.htod = get<decltype(d.htod)>("cuMemcpyHtoD");
+  d.dtoh = get<decltype(d.dtoh)>("cuMemcpyDtoH");
+  d.memset32 = get<decltype(d.memset32)>("cuMemsetD32");
+  d.synchronize = get<decltype(d.synchronize)>("cuCtxSynchronize");
+  return d;
+}
+
+CUresult init_context(const Driver& d) {
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  CUresult r = d.init(0);
+  if (r == CUDA_SUCCESS) r = d.device_get(&dev, 0);
+  if (r == CUDA_SUCCESS) r = d.primary_retain(&ctx, dev);
+  if (r == CUDA_SUCCESS) r = d.set_current(ctx);
+  return r;
+}
+
+CUmemAllocationProp shareable_prop() {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+CUmemAccessDesc read_write() {
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = 0;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return access;
+}
+
+// A call that should fail, and undone if it did not (so the next step starts from the same
+// state with and without the shim); prints the call's answer and the undoing's.
+void expect_refused_map(const Driver& d, const char* what, CUdeviceptr va, size_t size,
+                        size_t offset, CUmemGenericAllocationHandle h) {
+  const CUresult r = d.map(va, size, offset, h, 0);
+  say("vmm", what, r);
+  if (r == CUDA_SUCCESS) say("vmm", (std::string(what) + ".undo").c_str(), d.unmap(va, size));
+}
+
+void vmm_bounds(const Driver& d) {
+  say("vmm", "init", init_context(d));
+  const CUmemAllocationProp prop = shareable_prop();
+  const CUmemAccessDesc rw = read_write();
+  size_t g = 0;
+  say("vmm", "granularity", d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  say("vmm", "granularity.value", static_cast<long long>(g));
+  if (g == 0) return;
+
+  // Two reservations of 2 granules each, one allocation of 4.
+  CUdeviceptr a = 0, b = 0;
+  say("vmm", "reserve.a", d.reserve(&a, 2 * g, 0, 0, 0));
+  say("vmm", "reserve.b", d.reserve(&b, 2 * g, 0, 0, 0));
+  say("vmm", "reserve.a.aligned", a % g == 0);
+  CUmemGenericAllocationHandle h = 0;
+  say("vmm", "create", d.create(&h, 4 * g, &prop, 0));
+
+  // Past the end of a's reservation: the driver refuses.
+  expect_refused_map(d, "map.past_end.whole", a, 4 * g, 0, h);
+  expect_refused_map(d, "map.past_end.tail", a + g, 2 * g, 0, h);
+  expect_refused_map(d, "map.past_end.wrap", a + g, ~size_t{0} / g * g, 0, h);
+
+  // Inside: fine; then the calls over both reservations or past a's end.
+  say("vmm", "map.a", d.map(a, 2 * g, 0, h, 0));
+  say("vmm", "map.b", d.map(b, 2 * g, 2 * g, h, 0));
+  say("vmm", "set_access.a", d.set_access(a, 2 * g, &rw, 1));
+  say("vmm", "set_access.past_end", d.set_access(a + g, 2 * g, &rw, 1));
+  say("vmm", "set_access.past_end.bad_device", [&] {
+    CUmemAccessDesc bad = rw;
+    bad.location.id = 99;
+    return d.set_access(a + g, 2 * g, &bad, 1);
+  }());
+  say("vmm", "unmap.past_end", d.unmap(a, 3 * g));
+  say("vmm", "unmap.past_end.zero", d.unmap(a + 2 * g, 0));
+  say("vmm", "address_free.while_mapped", d.address_free(a, 2 * g));
+  say("vmm", "memset.a", d.memset32(a, 0x5a5a5a5a, 2 * g / 4));
+  say("vmm", "sync", d.synchronize());
+  unsigned int word = 0;
+  say("vmm", "read.a", d.dtoh(&word, a + 2 * g - 4, 4));
+  say("vmm", "read.a.value", word);
+  unsigned long long flags = 0;
+  CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  say("vmm", "get_access.a", d.get_access(&flags, &loc, a));
+  say("vmm", "get_access.a.flags", static_cast<long long>(flags));
+  say("vmm", "unmap.a", d.unmap(a, 2 * g));
+  say("vmm", "unmap.b", d.unmap(b, 2 * g));
+  say("vmm", "address_free.b.wrong_size", d.address_free(b, g));
+  say("vmm", "address_free.b.inside", d.address_free(b + g, g));
+
+  // A reservation freed: its VA is nobody's any more.
+  say("vmm", "address_free.a", d.address_free(a, 2 * g));
+  expect_refused_map(d, "map.freed", a, 2 * g, 0, h);
+  say("vmm", "unmap.freed", d.unmap(a, 2 * g));
+  say("vmm", "set_access.freed", d.set_access(a, 2 * g, &rw, 1));
+  say("vmm", "address_free.a.again", d.address_free(a, 2 * g));
+  // The freed VA asked for by address: the driver gives it back where it is free.
+  CUdeviceptr again = 0;
+  say("vmm", "reserve.at_freed", d.reserve(&again, 2 * g, 0, a, 0));
+  say("vmm", "reserve.at_freed.same", again == a);
+  if (again != 0) {
+    say("vmm", "map.at_freed", d.map(again, 2 * g, 0, h, 0));
+    say("vmm", "unmap.at_freed", d.unmap(again, 2 * g));
+    say("vmm", "address_free.at_freed", d.address_free(again, 2 * g));
+  }
+  say("vmm", "address_free.b", d.address_free(b, 2 * g));
+
+  // Reservation parameters the driver checks itself.
+  CUdeviceptr c = 0;
+  say("vmm", "reserve.align_not_pow2", d.reserve(&c, 2 * g, 3 * g, 0, 0));
+  if (c != 0) (void)d.address_free(c, 2 * g);
+  c = 0;
+  say("vmm", "reserve.align_4g", d.reserve(&c, 2 * g, 4 * g, 0, 0));
+  say("vmm", "reserve.align_4g.aligned", c % (4 * g) == 0);
+  if (c != 0) say("vmm", "address_free.align_4g", d.address_free(c, 2 * g));
+
+  // cuMemAlloc memory is not VMM memory to the driver: no VMM call accepts it.
+  CUdeviceptr p = 0;
+  say("legacy", "alloc", d.alloc(&p, 1 << 20));
+  say("legacy", "unmap", d.unmap(p, g));
+  say("legacy", "set_access", d.set_access(p, g, &rw, 1));
+  say("legacy", "get_access", d.get_access(&flags, &loc, p));
+  CUmemGenericAllocationHandle got = 0;
+  const CUresult retained = d.retain(&got, reinterpret_cast<void*>(p));
+  say("legacy", "retain", retained);
+  if (retained == CUDA_SUCCESS) say("legacy", "retain.release", d.release(got));
+  expect_refused_map(d, "legacy.map", p, g, 0, h);
+  say("legacy", "address_free", d.address_free(p, g));
+  say("legacy", "free", d.free(p));
+
+  say("vmm", "release", d.release(h));
+}
+
+bool send_fd(int sock, int fd) {
+  char byte = 'f';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  return ::sendmsg(sock, &msg, 0) == 1;
+}
+
+int recv_fd(int sock) {
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  if (::recvmsg(sock, &msg, 0) != 1) return -1;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return -1;
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  return fd;
+}
+
+constexpr unsigned kParentWord = 0x11111111u;
+constexpr unsigned kChildWord = 0x22222222u;
+
+// Reads the first and the last word of [va, va + size) and prints them.
+void read_back(const Driver& d, const char* side, const char* what, CUdeviceptr va, size_t size) {
+  unsigned first = 0, last = 0;
+  const CUresult r1 = d.dtoh(&first, va, 4), r2 = d.dtoh(&last, va + size - 4, 4);
+  say(side, (std::string(what) + ".read").c_str(), r1 != CUDA_SUCCESS ? r1 : r2);
+  say(side, (std::string(what) + ".first").c_str(), first);
+  say(side, (std::string(what) + ".last").c_str(), last);
+}
+
+int fork_importer(const Driver& d, int sock) {
+  const int fd = recv_fd(sock);
+  say("importer", "received", fd >= 0);
+  say("importer", "init", init_context(d));
+  size_t g = 0;
+  const CUmemAllocationProp prop = shareable_prop();
+  (void)d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  const size_t size = 2 * g;
+  CUmemGenericAllocationHandle h = 0;
+  say("importer", "import",
+      d.import_fd(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  ::close(fd);
+  CUdeviceptr va = 0;
+  say("importer", "reserve", d.reserve(&va, size, 0, 0, 0));
+  say("importer", "map", d.map(va, size, 0, h, 0));
+  const CUmemAccessDesc rw = read_write();
+  say("importer", "set_access", d.set_access(va, size, &rw, 1));
+  read_back(d, "importer", "parent_bytes", va, size);
+  std::vector<unsigned> words(size / 4, kChildWord);
+  say("importer", "write", d.htod(va, words.data(), size));
+  say("importer", "sync", d.synchronize());
+  say("importer", "unmap", d.unmap(va, size));
+  say("importer", "address_free", d.address_free(va, size));
+  say("importer", "release", d.release(h));
+  std::fflush(stdout);
+  char done = 'd';
+  return ::write(sock, &done, 1) == 1 ? 0 : 5;
+}
+
+int vmm_fork(const Driver& d) {
+  int socks[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, socks) != 0) return 2;
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(socks[0]);
+    ::_exit(fork_importer(d, socks[1]));  // _exit: the parent's stdio buffers are not ours
+  }
+  ::close(socks[1]);
+  say("exporter", "init", init_context(d));
+  size_t g = 0;
+  const CUmemAllocationProp prop = shareable_prop();
+  say("exporter", "granularity", d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  const size_t size = 2 * g;
+  // A cuMemAlloc first, as an engine has made many by the time NCCL sets up its buffers.
+  CUdeviceptr first = 0;
+  say("exporter", "alloc", d.alloc(&first, 4096));
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle h = 0;
+  say("exporter", "reserve", d.reserve(&va, size, 0, 0, 0));
+  say("exporter", "create", d.create(&h, size, &prop, 0));
+  say("exporter", "map", d.map(va, size, 0, h, 0));
+  const CUmemAccessDesc rw = read_write();
+  say("exporter", "set_access", d.set_access(va, size, &rw, 1));
+  say("exporter", "fill", d.memset32(va, kParentWord, size / 4));
+  say("exporter", "sync", d.synchronize());
+  int fd = -1;
+  say("exporter", "export", d.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  const bool sent = fd >= 0 && send_fd(socks[0], fd);
+  if (fd >= 0) ::close(fd);
+  char done = 0;
+  const bool heard = sent && ::read(socks[0], &done, 1) == 1;
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::fflush(stdout);  // the child's lines come first
+  say("exporter", "child_done", heard);
+  say("exporter", "child_exit", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  read_back(d, "exporter", "child_bytes", va, size);
+  say("exporter", "unmap", d.unmap(va, size));
+  say("exporter", "address_free", d.address_free(va, size));
+  say("exporter", "release", d.release(h));
+  say("exporter", "free", d.free(first));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: transparency_probe <libcuda.so.1> vmm-bounds|vmm-fork\n");
+    return 2;
+  }
+  const Driver d = load(argv[1]);
+  const std::string scenario = argv[2];
+  if (scenario == "vmm-bounds") {
+    vmm_bounds(d);
+    return 0;
+  }
+  if (scenario == "vmm-fork") return vmm_fork(d);
+  std::fprintf(stderr, "unknown scenario %s\n", argv[2]);
+  return 2;
+}
