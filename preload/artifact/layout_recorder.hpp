@@ -77,6 +77,8 @@ class LayoutRecorder : public LayoutObserver {
 
   // In a forked child: a fresh run (the parent's allocations are not the child's).
   void reset_after_fork();
+  // Held across fork() by the shim's fork steps (preload/runtime/shim_runtime_fork.cpp).
+  std::mutex& fork_mutex() const { return mutex_; }
 
  private:
   // Looks the record up once the identity is complete; returns a divergence of the prefix

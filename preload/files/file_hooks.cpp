@@ -13,10 +13,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "preload/files/file_mappings.hpp"
 #include "preload/files/managed_files.hpp"
 #include "preload/files/streaming_mapping.hpp"
 #include "preload/interpose/real_driver.hpp"
+#include "preload/runtime/shim_runtime.hpp"
 #include "preload/shim/shim_state.hpp"
 
 using namespace thaw::preload;
@@ -34,13 +34,12 @@ bool read_only(int flags) {
   return (flags & O_ACCMODE) == O_RDONLY && (flags & O_DIRECTORY) == 0;
 }
 
+// Write-only opens come back before the configuration is asked for: the runtime opens its
+// log file (THAW_PRELOAD_LOG=PATH) while it reads the configuration.
 int after_open(int fd, int dirfd, const char* path, int flags) {
   if (fd < 0 || !read_only(flags) || ReentryGuard::inside() || config().disabled) return fd;
   ReentryGuard guard;
-  if (auto file = classify(dirfd, path)) {
-    if (!file->complete) counters().files_streamed.fetch_add(1, std::memory_order_relaxed);
-    track(fd, std::move(file));
-  }
+  if (auto where = classify(dirfd, path)) runtime().on_model_file_opened(fd, *where);
   return fd;
 }
 
@@ -51,7 +50,7 @@ mode_t mode_arg(int flags, va_list ap) {
 // The descriptor's managed file when a read of it may have to wait.
 std::shared_ptr<ManagedFile> waiting_file(int fd) {
   if (ReentryGuard::inside()) return nullptr;
-  return tracked(fd);
+  return runtime().files().find(fd);
 }
 
 }  // namespace
@@ -114,7 +113,8 @@ int __openat64_2(int dirfd, const char* path, int flags) {
 
 int close(int fd) {
   THAW_LIBC(close);
-  if (!ReentryGuard::inside() && tracked(fd) != nullptr) untrack(fd);
+  if (!ReentryGuard::inside() && runtime().files().find(fd) != nullptr)
+    runtime().files().untrack(fd);
   return real_close(fd);
 }
 
@@ -182,8 +182,8 @@ void* mmap(void* addr, size_t length, int prot, int flags, int fd, off_t offset)
     }
   }
   if (mapped != MAP_FAILED) {
-    register_file_mapping(mapped, length, file->model, file->relative,
-                          static_cast<std::uint64_t>(offset));
+    runtime().file_mappings().add(mapped, length, file->model, file->relative,
+                                  static_cast<std::uint64_t>(offset));
   }
   return mapped;
 }
@@ -197,7 +197,7 @@ int munmap(void* addr, size_t length) {
   if (!ReentryGuard::inside()) {
     ReentryGuard guard;
     forget_streaming(addr, length);
-    forget_file_mappings(addr, length);
+    runtime().file_mappings().forget(addr, length);
   }
   return real_munmap(addr, length);
 }

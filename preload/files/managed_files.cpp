@@ -4,20 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
-#include <chrono>
-#include <cstdlib>
 #include <filesystem>
-#include <map>
 #include <mutex>
-#include <shared_mutex>
-#include <string_view>
+#include <vector>
 
-#include "preload/thawd_client/thawd_client.hpp"
-#include "preload/hooks/engine_memory.hpp"
-#include "preload/hooks/injector_instance.hpp"
-#include "preload/hooks/recorder_instance.hpp"
+#include "preload/runtime/shim_config.hpp"
 #include "preload/shim/shim_state.hpp"
 
 namespace thaw::preload {
@@ -26,43 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::shared_mutex& table_mutex() {
-  static auto* m = new std::shared_mutex();  // never destroyed: hooks run during exit
-  return *m;
-}
-std::map<int, std::shared_ptr<ManagedFile>>& table() {
-  static auto* t = new std::map<int, std::shared_ptr<ManagedFile>>();
-  return *t;
-}
-
-std::chrono::nanoseconds read_timeout() {
-  static const std::chrono::nanoseconds t = [] {
-    const char* v = std::getenv("THAW_PRELOAD_READ_TIMEOUT");
-    const long s = v != nullptr ? std::atol(v) : 0;
-    return std::chrono::nanoseconds(std::chrono::seconds(s > 0 ? s : 600));
-  }();
-  return t;
-}
-
-// THAW_PRELOAD_ATTACH=1: the first managed model the engine opens, it runs attached to a
-// prewarmed slot of (if thawd has one), with the memory budget thawd grants.
-void attach_once(const std::string& model) {
-  static std::atomic<bool> tried{false};
-  const char* v = std::getenv("THAW_PRELOAD_ATTACH");
-  if (v == nullptr || std::string_view(v) != "1" || tried.exchange(true)) return;
-  if (auto slot = daemon_attach_slot(model)) {
-    grant_memory_budget(slot->budget_bytes);
-    debug("attached to slot {} of {}: cuMemGetInfo answers a budget of {} bytes", slot->slot, model,
-          slot->budget_bytes);
-    debug("slot {} holds {} of its layout's bytes in a {} layout ({} pages)", slot->slot,
-          slot->grant.resident_bytes, slot->grant.layout_kind, slot->grant.pages.size());
-    install_injector(std::move(slot->grant));
-  } else {
-    notice_once("attach", "THAW_PRELOAD_ATTACH: no prewarmed slot of " + model +
-                              " to attach to; cuMemGetInfo answers the driver's numbers");
-  }
-}
-
 bool path_exists(const fs::path& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0;
@@ -70,8 +25,8 @@ bool path_exists(const fs::path& p) {
 
 }  // namespace
 
-std::shared_ptr<ManagedFile> classify(int dirfd, const char* path) {
-  if (path == nullptr) return nullptr;
+std::optional<ModelFilePath> classify(int dirfd, const char* path) {
+  if (path == nullptr) return std::nullopt;
   fs::path full(path);
   if (full.is_relative()) {
     // Relative to the working directory or to dirfd.
@@ -79,7 +34,7 @@ std::shared_ptr<ManagedFile> classify(int dirfd, const char* path) {
     fs::path base = dirfd == AT_FDCWD
                         ? fs::current_path(ec)
                         : fs::read_symlink("/proc/self/fd/" + std::to_string(dirfd), ec);
-    if (ec) return nullptr;
+    if (ec) return std::nullopt;
     full = base / full;
   }
   full = full.lexically_normal();
@@ -89,68 +44,44 @@ std::shared_ptr<ManagedFile> classify(int dirfd, const char* path) {
     fs::path root;
     for (std::size_t j = 0; j < i; ++j) root /= parts[j];
     if (!path_exists(root / ".thaw-cache")) continue;
-    if (i + 1 >= parts.size()) return nullptr;  // the model directory itself
-    const fs::path key = parts[i];
+    if (i + 1 >= parts.size()) return std::nullopt;  // the model directory itself
     fs::path relative;
     for (std::size_t j = i + 1; j < parts.size(); ++j) relative /= parts[j];
-    if (relative.begin()->string() == ".thaw") return nullptr;
-    // The readiness map from thawd when it runs (it may be the only one allowed to open the
-    // cache's files), else straight from the cache.
-    UniqueFd fd;
-    const char* source = "thawd";
-    if (auto from_daemon = daemon_readiness_fd(key.string(), relative.string())) {
-      fd = std::move(*from_daemon);
-    } else {
-      source = "the cache";
-      const fs::path map = root / key / ".thaw" / "ready" / relative;
-      fd.reset(::open(map.c_str(), O_RDONLY | O_CLOEXEC));
-    }
-    if (!fd) return nullptr;
-    auto readiness = store::ChunkReadiness::open_reader(std::move(fd), relative.string());
-    if (!readiness) {
-      debug("{}: readiness map unusable ({}); reads pass through", full.string(),
-            readiness.error().message);
-      return nullptr;
-    }
-    if (LayoutRecorder* recorder = recorder_instance()) recorder->model_opened(key.string());
-    attach_once(key.string());
-    const bool complete = readiness->state() == store::FillState::complete;
-    auto file = std::make_shared<ManagedFile>(ManagedFile{full.string(), readiness->file_size(),
-                                                          std::move(*readiness), key.string(),
-                                                          relative.string(), complete});
-    if (complete) return file;
+    if (relative.begin()->string() == ".thaw") return std::nullopt;
+    return ModelFilePath{full.string(), root.string(), parts[i].string(), relative.string()};
+  }
+  return std::nullopt;
+}
+
+std::shared_ptr<ManagedFile> open_managed_file(const ModelFilePath& where,
+                                               std::optional<UniqueFd> from_thawd) {
+  // thawd's readiness map when it runs (it may be the only one allowed to open the cache's
+  // files), else straight from the cache.
+  UniqueFd fd;
+  const char* source = "thawd";
+  if (from_thawd) {
+    fd = std::move(*from_thawd);
+  } else {
+    source = "the cache";
+    const fs::path map = fs::path(where.root) / where.model / ".thaw" / "ready" / where.relative;
+    fd.reset(::open(map.c_str(), O_RDONLY | O_CLOEXEC));
+  }
+  if (!fd) return nullptr;
+  auto readiness = store::ChunkReadiness::open_reader(std::move(fd), where.relative);
+  if (!readiness) {
+    debug("{}: readiness map unusable ({}); reads pass through", where.full,
+          readiness.error().message);
+    return nullptr;
+  }
+  const bool complete = readiness->state() == store::FillState::complete;
+  auto file = std::make_shared<ManagedFile>(ManagedFile{where.full, readiness->file_size(),
+                                                        std::move(*readiness), where.model,
+                                                        where.relative, complete});
+  if (!complete) {
     debug("{}: streamed ({} bytes, {} of {} chunks in; readiness from {})", file->path, file->size,
           file->readiness.verified_chunks(), file->readiness.chunk_count(), source);
-    return file;
   }
-  return nullptr;
-}
-
-// Every read and close asks; most processes never have a managed file.
-std::atomic<std::size_t> g_tracked{0};
-
-void track(int fd, std::shared_ptr<ManagedFile> file) {
-  std::unique_lock lock(table_mutex());
-  table()[fd] = std::move(file);
-  g_tracked.store(table().size(), std::memory_order_release);
-}
-
-std::shared_ptr<ManagedFile> tracked(int fd) {
-  if (g_tracked.load(std::memory_order_acquire) == 0) return nullptr;
-  std::shared_lock lock(table_mutex());
-  auto it = table().find(fd);
-  return it == table().end() ? nullptr : it->second;
-}
-
-void untrack(int fd) {
-  std::shared_ptr<ManagedFile> last;  // destroyed after the lock is released: its readiness
-                                      // map's close() comes back through the close hook
-  std::unique_lock lock(table_mutex());
-  auto it = table().find(fd);
-  if (it == table().end()) return;
-  last = std::move(it->second);
-  table().erase(it);
-  g_tracked.store(table().size(), std::memory_order_release);
+  return file;
 }
 
 bool wait_readable(ManagedFile& file, std::uint64_t offset, std::uint64_t length) {
@@ -158,7 +89,7 @@ bool wait_readable(ManagedFile& file, std::uint64_t offset, std::uint64_t length
   length = std::min(length, file.size - offset);
   if (file.readiness.is_ready(offset, length)) return true;
   counters().reads_waited.fetch_add(1, std::memory_order_relaxed);
-  const auto w = file.readiness.wait_ready(offset, length, read_timeout());
+  const auto w = file.readiness.wait_ready(offset, length, config().read_timeout);
   if (w.status == store::WaitStatus::ready) return true;
   notice_once("wait-failed:" + file.path,
               w.status == store::WaitStatus::failed
@@ -169,6 +100,30 @@ bool wait_readable(ManagedFile& file, std::uint64_t offset, std::uint64_t length
                                 file.path, offset, offset + length));
   errno = EIO;
   return false;
+}
+
+void ManagedFileTable::track(int fd, std::shared_ptr<ManagedFile> file) {
+  std::unique_lock lock(mutex_);
+  by_fd_[fd] = std::move(file);
+  count_.store(by_fd_.size(), std::memory_order_release);
+}
+
+std::shared_ptr<ManagedFile> ManagedFileTable::find(int fd) const {
+  if (count_.load(std::memory_order_acquire) == 0) return nullptr;
+  std::shared_lock lock(mutex_);
+  auto it = by_fd_.find(fd);
+  return it == by_fd_.end() ? nullptr : it->second;
+}
+
+void ManagedFileTable::untrack(int fd) {
+  std::shared_ptr<ManagedFile> last;  // destroyed after the lock is released: its readiness
+                                      // map's close() comes back through the close hook
+  std::unique_lock lock(mutex_);
+  auto it = by_fd_.find(fd);
+  if (it == by_fd_.end()) return;
+  last = std::move(it->second);
+  by_fd_.erase(it);
+  count_.store(by_fd_.size(), std::memory_order_release);
 }
 
 }  // namespace thaw::preload

@@ -39,19 +39,42 @@ class Userfaults {
  public:
   // nullptr when userfaultfd cannot be used here. Opened on the first streamed mapping.
   static Userfaults* instance() {
-    static Userfaults* u = [] {
-      auto* candidate = new Userfaults();
-      if (!candidate->open()) {
-        delete candidate;
-        return static_cast<Userfaults*>(nullptr);
-      }
-      opened().store(candidate);
-      return candidate;
-    }();
-    return u;
+    if (Userfaults* u = peek()) return u;
+    std::lock_guard lock(open_mutex());
+    if (Userfaults* u = peek()) return u;
+    if (unavailable_) return nullptr;
+    auto* candidate = new Userfaults();  // lives for the whole process: its thread serves it
+    if (!candidate->open()) {
+      delete candidate;
+      unavailable_ = true;
+      return nullptr;
+    }
+    opened_.store(candidate, std::memory_order_release);
+    return candidate;
   }
   // The instance if one was opened; never opens one (munmap asks on every call).
-  static Userfaults* peek() { return opened().load(std::memory_order_acquire); }
+  static Userfaults* peek() { return opened_.load(std::memory_order_acquire); }
+
+  // Fork: both locks are held across it, so that the child finds the table whole.
+  static void before_fork() {
+    open_mutex().lock();
+    if (Userfaults* u = peek()) u->mutex_.lock();
+  }
+  static void after_fork_in_parent() {
+    if (Userfaults* u = peek()) u->mutex_.unlock();
+    open_mutex().unlock();
+  }
+  // In the child the parent's instance is dropped: its handler thread is not here, and its
+  // userfaultfd belongs to the parent's address space (ranges registered on it would be the
+  // parent's). The child opens its own at its first streamed mapping.
+  static void after_fork_in_child() {
+    new (&open_mutex()) std::mutex();
+    if (Userfaults* u = peek()) {
+      new (&u->mutex_) std::mutex();
+      ::close(u->fd_);
+      opened_.store(nullptr, std::memory_order_release);  // the object is left, unreachable
+    }
+  }
 
   bool add(Streamed s) {
     uffdio_register reg{};
@@ -163,10 +186,12 @@ class Userfaults {
     (void)::ioctl(fd_, UFFDIO_WAKE, &wake);
   }
 
-  static std::atomic<Userfaults*>& opened() {
-    static std::atomic<Userfaults*> u{nullptr};
-    return u;
+  static std::mutex& open_mutex() {
+    static auto* m = new std::mutex();  // never destroyed: hooks run during exit
+    return *m;
   }
+  static inline std::atomic<Userfaults*> opened_{nullptr};
+  static inline bool unavailable_ = false;  // under open_mutex()
 
   int fd_ = -1;
   std::mutex mutex_;
@@ -201,6 +226,18 @@ void* map_streaming(std::shared_ptr<ManagedFile> file, int fd, void* addr, std::
 
 void forget_streaming(void* addr, std::size_t length) {
   if (Userfaults* u = Userfaults::peek()) u->forget(reinterpret_cast<std::uintptr_t>(addr), length);
+}
+
+void streaming_before_fork() {
+  Userfaults::before_fork();
+}
+
+void streaming_after_fork_in_parent() {
+  Userfaults::after_fork_in_parent();
+}
+
+void streaming_after_fork_in_child() {
+  Userfaults::after_fork_in_child();
 }
 
 }  // namespace thaw::preload

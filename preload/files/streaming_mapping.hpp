@@ -13,7 +13,8 @@
 // map_streaming() returns nullptr and the caller waits for the whole range instead.
 //
 // Limits: a child forked while a streamed mapping is still partly unfilled sees the
-// unfilled pages as zeros (the registration does not follow fork).
+// unfilled pages as zeros (the registration does not follow fork); the child opens a
+// userfaultfd of its own for the mappings it makes.
 #pragma once
 
 #include <sys/types.h>
@@ -31,5 +32,11 @@ void* map_streaming(std::shared_ptr<ManagedFile> file, int fd, void* addr, std::
 // munmap of (part of) a streamed mapping: forget it (whole mappings only; the kernel drops
 // the registration with the pages).
 void forget_streaming(void* addr, std::size_t length);
+
+// The runtime's fork steps (preload/runtime/shim_runtime_fork.cpp): the registry's locks
+// are held across fork(); the child drops the parent's userfaultfd (see Userfaults).
+void streaming_before_fork();
+void streaming_after_fork_in_parent();
+void streaming_after_fork_in_child();
 
 }  // namespace thaw::preload

@@ -7,10 +7,8 @@
 #include <cuda.h>
 
 #include "preload/files/file_mappings.hpp"
-#include "preload/hooks/injector_instance.hpp"
-#include "preload/hooks/layout_instance.hpp"
-#include "preload/hooks/recorder_instance.hpp"
 #include "preload/interpose/hook_table.hpp"
+#include "preload/runtime/shim_runtime.hpp"
 #include "preload/shim/shim_state.hpp"
 
 // The per-thread-default-stream variants cuda.h declares only under
@@ -35,9 +33,9 @@ CUresult h2d(Real real_copy, CUdeviceptr dst, const void* src, size_t bytes, Ord
   if (ReentryGuard::inside() || bytes == 0) return real_copy();
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
-  auto source = file_source(src, bytes);  // cheap when no model file is mapped
+  auto source = runtime().file_mappings().source(src, bytes);  // cheap when no model file is mapped
   if (!source) return real_copy();
-  DeterministicLayout* layout = layout_instance();
+  DeterministicLayout* layout = runtime().layout();
   std::optional<LayoutAllocation> a;
   if (layout != nullptr) {
     a = layout->find(dst);
@@ -52,7 +50,7 @@ CUresult h2d(Real real_copy, CUdeviceptr dst, const void* src, size_t bytes, Ord
   const bool backed = a && a->backed;
   CUresult r = CUDA_SUCCESS;
   std::optional<CUresult> injected;
-  WeightInjector* injector = injector_instance();
+  WeightInjector* injector = runtime().injector();
   if (injector != nullptr) {
     injected = injector->copy(dst, region_offset, backed, source->model, source->file,
                               source->file_offset, bytes, order.stream, order.synchronous);
@@ -65,7 +63,7 @@ CUresult h2d(Real real_copy, CUdeviceptr dst, const void* src, size_t bytes, Ord
       injector->note_write(*region_offset, bytes);
   }
   if (r == CUDA_SUCCESS && a) {
-    if (LayoutRecorder* recorder = recorder_instance()) {
+    if (LayoutRecorder* recorder = runtime().recorder()) {
       recorder->note_copy({a->index, dst - a->base, source->file, source->file_offset, bytes});
     }
   }

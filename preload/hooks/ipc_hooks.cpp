@@ -22,9 +22,9 @@
 #include <map>
 #include <mutex>
 
-#include "preload/hooks/layout_instance.hpp"
 #include "preload/interpose/hook_table.hpp"
 #include "preload/interpose/real_driver.hpp"
+#include "preload/runtime/shim_runtime.hpp"
 #include "preload/shim/shim_state.hpp"
 #include "preload/thawd_client/thawd_client.hpp"
 
@@ -46,22 +46,6 @@ struct ThawIpcHandle {
   Carrier carrier;
 };
 static_assert(sizeof(ThawIpcHandle) <= sizeof(CUipcMemHandle::reserved));
-
-struct Opened {
-  std::uint64_t key;
-  std::uint64_t mapped;
-  int refs;
-};
-
-struct IpcState {
-  std::mutex mutex;
-  std::map<CUdeviceptr, CUipcMemHandle> exported;  // by allocation base
-  std::map<CUdeviceptr, Opened> opened;            // by mapped address
-};
-IpcState& state() {
-  static auto* s = new IpcState();  // never destroyed: hooks run during exit
-  return *s;
-}
 
 template <typename Fn>
 Fn sym(const char* name) {
@@ -176,7 +160,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (ReentryGuard::inside() || handle == nullptr) return driver_fn(handle, dptr);
   ReentryGuard guard;
-  DeterministicLayout* layout = layout_instance();
+  DeterministicLayout* layout = runtime().layout();
   if (layout == nullptr || !layout->in_region(dptr)) return driver_fn(handle, dptr);
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
   auto a = layout->find(dptr);
@@ -184,7 +168,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   // VMM memory the caller mapped into its own reservation: the driver refuses legacy IPC of
   // it, with or without the shim.
   if (a->reservation) return driver_fn(handle, dptr);
-  IpcState& s = state();
+  IpcTables& s = runtime().ipc();
   std::lock_guard lock(s.mutex);
   if (auto it = s.exported.find(a->base); it != s.exported.end()) {
     *handle = it->second;
@@ -211,7 +195,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsign
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (h.pid == ::getpid()) return CUDA_ERROR_INVALID_CONTEXT;
-  IpcState& s = state();
+  IpcTables& s = runtime().ipc();
   std::lock_guard lock(s.mutex);
   const std::uint64_t key = key_of(h);
   for (auto& [va, o] : s.opened) {
@@ -232,7 +216,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsign
   const CUresult r = map_imported(h, fd, &va);
   ::close(fd);
   if (r != CUDA_SUCCESS) return r;
-  s.opened[va] = Opened{key, h.mapped, 1};
+  s.opened[va] = IpcOpened{key, h.mapped, 1};
   *pdptr = va;
   debug("cuIpcOpenMemHandle: {} bytes of pid {} at {:#x}", h.mapped, h.pid, va);
   return CUDA_SUCCESS;
@@ -243,7 +227,7 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (ReentryGuard::inside()) return driver_fn(dptr);
   ReentryGuard guard;
-  IpcState& s = state();
+  IpcTables& s = runtime().ipc();
   std::unique_lock lock(s.mutex);
   auto it = s.opened.find(dptr);
   if (it == s.opened.end()) {

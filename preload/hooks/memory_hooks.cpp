@@ -6,14 +6,10 @@
 
 #include <algorithm>
 
-#include "preload/hooks/engine_memory.hpp"
-#include "preload/hooks/injector_instance.hpp"
-#include "preload/hooks/layout_instance.hpp"
-#include "preload/hooks/recorder_instance.hpp"
 #include "preload/interpose/hook_table.hpp"
 #include "preload/interpose/real_driver.hpp"
+#include "preload/runtime/shim_runtime.hpp"
 #include "preload/shim/shim_state.hpp"
-#include "preload/thawd_client/thawd_client.hpp"
 
 using namespace thaw::preload;
 
@@ -44,41 +40,6 @@ void fix_attribute(CUpointer_attribute attribute, void* data, const LayoutAlloca
   }
 }
 
-// With thawd there, an engine allocates out of thawd's pool: at its first allocation or
-// memory query (a context is current by then) the shim asks thawd for the pool's free pages
-// of this GPU, which thawd gives to the driver for this process until it exits. Without
-// that, an engine not attached to a slot would have only what the pool leaves the driver
-// (a tenth of the GPU at the default pool_share). THAW_PRELOAD_LEASE=0 opts out.
-void lease_pool_memory_once() {
-  static std::atomic<bool> tried{false};
-  if (tried.load(std::memory_order_acquire) || memory_budget()) return;
-  const char* opt = std::getenv("THAW_PRELOAD_LEASE");
-  if (opt != nullptr && std::string_view(opt) == "0") return;
-  auto ctx_get_device = reinterpret_cast<CUresult (*)(CUdevice*)>(driver_symbol("cuCtxGetDevice"));
-  auto get_uuid =
-      reinterpret_cast<CUresult (*)(CUuuid*, CUdevice)>(driver_symbol("cuDeviceGetUuid_v2"));
-  if (get_uuid == nullptr) {
-    get_uuid = reinterpret_cast<CUresult (*)(CUuuid*, CUdevice)>(driver_symbol("cuDeviceGetUuid"));
-  }
-  CUdevice device = 0;
-  CUuuid uuid{};
-  if (ctx_get_device == nullptr || get_uuid == nullptr || ctx_get_device(&device) != CUDA_SUCCESS ||
-      get_uuid(&uuid, device) != CUDA_SUCCESS) {
-    return;  // no context yet: at the next call
-  }
-  if (tried.exchange(true)) return;
-  std::string hex;
-  for (char b : uuid.bytes) hex += fmt::format("{:02x}", static_cast<unsigned char>(b));
-  // Nothing lent (another engine holds the pool's free pages): the driver's own answers.
-  if (auto bytes = daemon_lease_memory(hex); bytes && *bytes != 0) {
-    grant_memory_budget(*bytes);
-    debug(
-        "thawd lent this engine {} bytes of its pool (GPU {}); cuMemGetInfo answers from "
-        "that budget",
-        *bytes, hex);
-  }
-}
-
 }  // namespace
 
 extern "C" {
@@ -91,31 +52,29 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
     return driver_fn(dptr, bytesize);
   }
   ReentryGuard guard;
-  lease_pool_memory_once();
+  runtime().lease_pool_memory_once();
   // An engine attached to a slot allocates within the budget thawd granted it: past it the
   // answer is OUT_OF_MEMORY at once, as the driver's would be on a device of that size.
-  if (!charge_engine_bytes(bytesize)) {
+  if (!runtime().engine_memory().charge(bytesize)) {
     debug("cuMemAlloc({}) = OUT_OF_MEMORY: {} of the budget of {} bytes are in use", bytesize,
-          engine_bytes(), memory_budget().value_or(0));
+          runtime().engine_memory().bytes(), runtime().engine_memory().budget().value_or(0));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  DeterministicLayout* layout = config().deterministic ? layout_instance() : nullptr;
+  DeterministicLayout* layout = config().deterministic ? runtime().layout() : nullptr;
   if (config().deterministic) {
     counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
-    // An attached engine's injector becomes the layout's page backing before the weights'
-    // allocations (it is built once the driver is loaded).
-    (void)injector_instance();
+    runtime().on_driver_reached();
   }
   if (layout != nullptr) {
     if (auto r = layout->allocate(dptr, bytesize)) {
       if (*r == CUDA_SUCCESS) {
         auto a = layout->find(*dptr);
-        note_engine_alloc(*dptr, bytesize, a ? a->mapped : bytesize);
+        runtime().engine_memory().note_alloc(*dptr, bytesize, a ? a->mapped : bytesize);
         counters().deterministic_allocations.fetch_add(1, std::memory_order_relaxed);
         debug("cuMemAlloc({}) = {:#x} (deterministic #{})", bytesize, *dptr,
               layout->allocations() - 1);
       } else {
-        refund_engine_bytes(bytesize);
+        runtime().engine_memory().refund(bytesize);
       }
       return *r;
     }
@@ -129,9 +88,9 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   }
   const CUresult r = driver_fn(dptr, bytesize);
   if (r == CUDA_SUCCESS) {
-    note_engine_alloc(*dptr, bytesize, bytesize);
+    runtime().engine_memory().note_alloc(*dptr, bytesize, bytesize);
   } else {
-    refund_engine_bytes(bytesize);
+    runtime().engine_memory().refund(bytesize);
   }
   return r;
 }
@@ -143,9 +102,9 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
   std::optional<CUresult> r;
-  if (DeterministicLayout* layout = layout_instance()) r = layout->free(dptr);
+  if (DeterministicLayout* layout = runtime().layout()) r = layout->free(dptr);
   if (!r) r = driver_fn(dptr);
-  if (*r == CUDA_SUCCESS) note_engine_free(dptr);
+  if (*r == CUDA_SUCCESS) runtime().engine_memory().note_free(dptr);
   return *r;
 }
 
@@ -161,17 +120,17 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
     return driver_fn(handle, size, prop, flags);
   }
   ReentryGuard guard;
-  lease_pool_memory_once();
-  if (!charge_engine_bytes(size)) {
+  runtime().lease_pool_memory_once();
+  if (!runtime().engine_memory().charge(size)) {
     debug("cuMemCreate({}) = OUT_OF_MEMORY: {} of the budget of {} bytes are in use", size,
-          engine_bytes(), memory_budget().value_or(0));
+          runtime().engine_memory().bytes(), runtime().engine_memory().budget().value_or(0));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const CUresult r = driver_fn(handle, size, prop, flags);
   if (r == CUDA_SUCCESS) {
-    note_engine_create(*handle, size, size);
+    runtime().engine_memory().note_create(*handle, size, size);
   } else {
-    refund_engine_bytes(size);
+    runtime().engine_memory().refund(size);
   }
   return r;
 }
@@ -180,7 +139,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   auto driver_fn = real<decltype(&cuMemRelease)>(Hook::mem_release);
   if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const CUresult r = driver_fn(handle);
-  if (r == CUDA_SUCCESS && !ReentryGuard::inside()) note_engine_release(handle);
+  if (r == CUDA_SUCCESS && !ReentryGuard::inside()) runtime().engine_memory().note_release(handle);
   return r;
 }
 
@@ -198,13 +157,13 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
   // A requested address in the region: the driver sees the region there and would place it
   // elsewhere, though the caller asked for VA that is free to it (issue 22).
   if (addr != 0) {
-    DeterministicLayout* layout = layout_instance();
+    DeterministicLayout* layout = runtime().layout();
     if (layout != nullptr && layout->in_region(addr)) {
       if (auto r = layout->reserve_at(ptr, size, alignment, addr)) return *r;
     }
     return driver_fn(ptr, size, alignment, addr, flags);
   }
-  if (DeterministicLayout* layout = layout_instance()) {
+  if (DeterministicLayout* layout = runtime().layout()) {
     if (auto r = layout->reserve(ptr, size, alignment)) {
       if (*r == CUDA_SUCCESS) {
         debug("cuMemAddressReserve({}) = {:#x} (deterministic #{})", size, *ptr,
@@ -221,7 +180,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   if (driver_fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (ReentryGuard::inside()) return driver_fn(ptr, size);
   ReentryGuard guard;
-  if (DeterministicLayout* layout = layout_instance()) {
+  if (DeterministicLayout* layout = runtime().layout()) {
     if (auto r = layout->release(ptr, size)) return *r;
   }
   return driver_fn(ptr, size);
@@ -237,18 +196,18 @@ CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   if (r != CUDA_SUCCESS || ReentryGuard::inside() || free == nullptr || total == nullptr) return r;
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
-  lease_pool_memory_once();
+  runtime().lease_pool_memory_once();
   // The engine sizes its KV cache now: slot pages whose bytes it copied go back first.
-  if (WeightInjector* injector = injector_instance()) injector->poll();
+  if (WeightInjector* injector = runtime().injector()) injector->poll();
   // Both may have given the driver more room than it had when first asked.
   if (const CUresult again = driver_fn(free, total); again != CUDA_SUCCESS) return again;
-  if (auto budget = memory_budget()) {
-    const std::uint64_t used = engine_bytes();
+  if (auto budget = runtime().engine_memory().budget()) {
+    const std::uint64_t used = runtime().engine_memory().bytes();
     const std::uint64_t left = *budget > used ? *budget - used : 0;
     *total = static_cast<size_t>(*budget);
     *free = static_cast<size_t>(std::min<std::uint64_t>(*free, left));
   }
-  if (LayoutRecorder* recorder = recorder_instance()) recorder->note_mem_info(*free, *total);
+  if (LayoutRecorder* recorder = runtime().recorder()) recorder->note_mem_info(*free, *total);
   return r;
 }
 
@@ -258,7 +217,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr 
   if (ReentryGuard::inside()) return driver_fn(pbase, psize, dptr);
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
-  DeterministicLayout* layout = layout_instance();
+  DeterministicLayout* layout = runtime().layout();
   if (layout == nullptr || !layout->in_region(dptr)) return driver_fn(pbase, psize, dptr);
   // The driver checks the context and knows the pointer is mapped; then the answer is the
   // allocation's, not the mapping's (memory the engine mapped into a reservation of the
@@ -284,7 +243,7 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
   if (r != CUDA_SUCCESS || ReentryGuard::inside()) return r;
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
-  if (DeterministicLayout* layout = layout_instance()) {
+  if (DeterministicLayout* layout = runtime().layout()) {
     if (auto a = layout->find(ptr)) fix_attribute(attribute, data, *a);
   }
   return r;
@@ -298,7 +257,7 @@ CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attribu
   if (r != CUDA_SUCCESS || ReentryGuard::inside()) return r;
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
-  if (DeterministicLayout* layout = layout_instance()) {
+  if (DeterministicLayout* layout = runtime().layout()) {
     if (auto a = layout->find(ptr)) {
       for (unsigned i = 0; i < count; ++i) fix_attribute(attributes[i], data[i], *a);
     }

@@ -9,8 +9,8 @@
 // Everything else goes to the driver unchanged.
 #include <cuda.h>
 
-#include "preload/hooks/layout_instance.hpp"
 #include "preload/interpose/hook_table.hpp"
+#include "preload/runtime/shim_runtime.hpp"
 #include "preload/shim/shim_state.hpp"
 
 using namespace thaw::preload;
@@ -20,7 +20,7 @@ namespace {
 // The layout when `ptr` lies in its region and this is the engine's call; else nullptr.
 DeterministicLayout* layout_for(CUdeviceptr ptr) {
   if (ReentryGuard::inside()) return nullptr;
-  DeterministicLayout* layout = layout_instance();
+  DeterministicLayout* layout = runtime().layout();
   if (layout == nullptr || !layout->in_region(ptr)) return nullptr;
   return layout;
 }

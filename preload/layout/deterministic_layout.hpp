@@ -152,6 +152,8 @@ class DeterministicLayout {
   // In a forked child: a layout the parent had not used yet starts afresh; one it had used
   // stops (the parent's driver state is not the child's). Never touches the driver.
   void reset_after_fork();
+  // Held across fork() by the shim's fork steps (preload/runtime/shim_runtime_fork.cpp).
+  std::mutex& fork_mutex() const { return mutex_; }
 
  private:
   bool ensure_region_locked(CUdevice device);

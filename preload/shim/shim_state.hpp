@@ -1,24 +1,7 @@
-// The shim's process-wide state: its configuration (from the environment), its log, its
-// counters, and the per-thread guard that keeps the shim from intercepting itself.
-//
-// This is the one place where thaw keeps global mutable state (ARCHITECTURE.md): an
-// LD_PRELOAD library is entered through exported C symbols, from any thread, possibly
-// before its own static constructors ran, so everything here is constant-initialised or
-// built on first use.
-//
-// Environment:
-//   THAW_PRELOAD_LOG=1|stderr|PATH   diagnostics (default: only "once" notices, to stderr)
-//   THAW_PRELOAD_DISABLE=1           pass every call through untouched
-//   THAW_PRELOAD_DETERMINISTIC=0     serve allocations from the driver as usual
-//   THAW_PRELOAD_VA_BASE=0x...       base of the deterministic region (default 0x200000000000)
-//   THAW_PRELOAD_ATTACH=1            run attached to a prewarmed slot of the model the engine
-//                                    opens: cuMemGetInfo answers thawd's budget and the
-//                                    weights come from the slot (preload/inject)
-//   THAW_PRELOAD_LEASE=0             do not ask thawd for pool memory at the first
-//                                    allocation (memory_hooks.cpp: lease_pool_memory_once)
-//   THAW_PRELOAD_READ_TIMEOUT=S      how long a read of a streamed file waits (default 600)
-//   THAW_ENGINE_ID=name              part of the engine's fingerprint (layout records)
-//   THAW_SOCKET=path                 thawd's shim socket (default /run/thaw/thawd.sock)
+// The shim's diagnostics (log lines, "once" notices), its counters and the per-thread guard
+// that keeps the shim from intercepting itself — what every part of the shim uses. The
+// process-wide state behind them is the ShimRuntime's (preload/runtime/shim_runtime.hpp),
+// and so is the configuration (preload/runtime/shim_config.hpp: every THAW_* variable).
 #pragma once
 
 #include <atomic>
@@ -26,19 +9,9 @@
 #include <string_view>
 
 #include "fmt/format.h"
+#include "preload/runtime/shim_config.hpp"
 
 namespace thaw::preload {
-
-struct ShimConfig {
-  bool disabled = false;
-  bool deterministic = true;
-  bool verbose = false;
-  std::uint64_t va_base = 0x200000000000ull;
-  int log_fd = 2;
-};
-
-// Read once, on first use.
-const ShimConfig& config();
 
 struct ShimCounters {
   std::atomic<std::uint64_t> calls_intercepted{0};
@@ -52,6 +25,7 @@ struct ShimCounters {
   std::atomic<std::uint64_t> mappings_streamed{0};   // private mappings served by userfaultfd
   std::atomic<std::uint64_t> bytes_streamed{0};      // installed into them
 };
+// The runtime's counters.
 ShimCounters& counters();
 
 // Diagnostics: written only with THAW_PRELOAD_LOG.
@@ -63,6 +37,11 @@ void debug(fmt::format_string<Args...> format, Args&&... args) {
 // Said once per process whatever THAW_PRELOAD_LOG is (e.g. "thawd not reachable: passing
 // calls through"), keyed by `key`.
 void notice_once(std::string_view key, std::string_view message);
+// The runtime's fork steps hold the notices' lock across fork() (the child finds the set of
+// notices said whole, and its lock free).
+void notices_before_fork();
+void notices_after_fork_in_parent();
+void notices_after_fork_in_child();
 
 // True while this thread runs shim code: a driver that calls back into exported cu*
 // symbols or dlsym from inside a hook gets the real thing, never the hook again.
@@ -79,9 +58,5 @@ class ReentryGuard {
   static thread_local int depth_;
   bool outermost_;
 };
-
-// Called in a forked child (pthread_atfork): the parent's driver state does not carry
-// over, so the shim's memory layout starts afresh there.
-void register_fork_handler();
 
 }  // namespace thaw::preload

@@ -18,9 +18,8 @@ namespace thaw::preload {
 
 namespace {
 
-std::string socket_path() {
-  const char* v = std::getenv("THAW_SOCKET");
-  return v != nullptr && *v != '\0' ? v : "/run/thaw/thawd.sock";
+const std::string& socket_path() {
+  return config().socket_path;  // $THAW_SOCKET
 }
 
 // The program's name and command line: what the daemon logs and will key artifacts by.
