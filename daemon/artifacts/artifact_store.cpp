@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/proto/document_fd.hpp"
+#include "daemon/log/log.hpp"
 #include "daemon/store/fetch/sha256.hpp"
 
 namespace thaw::daemon {
@@ -54,17 +55,47 @@ bool is_prefix(const nlohmann::json& shorter, const nlohmann::json& longer) {
          std::equal(shorter.begin(), shorter.end(), longer.begin());
 }
 
-// The document at `path` as JSON, or a discarded value when it is absent or unreadable.
-nlohmann::json read_json(const fs::path& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) != 0 ||
-      static_cast<std::uint64_t>(st.st_size) > ArtifactStore::kMaxArtifactBytes) {
-    return nlohmann::json(nlohmann::json::value_t::discarded);
+struct OpenedRecord {
+  UniqueFd fd;
+  std::uint64_t bytes = 0;
+};
+struct OpenError {
+  int err = 0;  // errno of the open, or 0 when the file is not one thawd reads
+  std::string why;
+};
+
+// Opens `path` for reading only if it is a regular file within the size cap: never a FIFO
+// (whose open blocks until a writer comes, on whatever thread asked), a symbolic link (which
+// may point anywhere) or a device. Anyone who could write the directory could plant those.
+std::expected<OpenedRecord, OpenError> open_record(const fs::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY));
+  if (!fd) {
+    const int err = errno;
+    if (err == ELOOP) return std::unexpected(OpenError{0, "it is a symbolic link"});
+    return std::unexpected(OpenError{err, std::strerror(err)});
   }
-  auto text = proto::read_document(fd.get(), static_cast<std::uint64_t>(st.st_size));
-  if (!text) return nlohmann::json(nlohmann::json::value_t::discarded);
-  return nlohmann::json::parse(*text, nullptr, false);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return std::unexpected(OpenError{errno, errno_text()});
+  if (!S_ISREG(st.st_mode)) return std::unexpected(OpenError{0, "it is not a regular file"});
+  if (static_cast<std::uint64_t>(st.st_size) > ArtifactStore::kMaxArtifactBytes) {
+    return std::unexpected(OpenError{
+        0, fmt::format("it is larger than {} MiB", ArtifactStore::kMaxArtifactBytes >> 20)});
+  }
+  // A regular file never blocks; the flag goes so that the descriptor a shim is given reads
+  // like any file.
+  (void)::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+  return OpenedRecord{std::move(fd), static_cast<std::uint64_t>(st.st_size)};
+}
+
+// {engine, model, gpu, driver}, every one a string: what a record's own identity must be
+// before any field of it is compared or read.
+bool identity_shape_ok(const nlohmann::json& id) {
+  if (!id.is_object() || id.size() != 4) return false;
+  for (const char* name : {"engine", "model", "gpu", "driver"}) {
+    auto it = id.find(name);
+    if (it == id.end() || !it->is_string()) return false;
+  }
+  return true;
 }
 
 // Writes `text` to `final_path` atomically (temporary file, fsync, rename, fsync of the dir).
@@ -72,8 +103,12 @@ ServiceResult<void> write_atomically(const fs::path& dir, const fs::path& final_
                                      std::string_view text) {
   std::error_code ec;
   const fs::path temp_path = final_path.string() + ".tmp";
-  UniqueFd out(::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!out || !write_all(out.get(), text) || ::fsync(out.get()) != 0) {
+  // 0600: records are their owner's business (thawd hands them out as descriptors). A FIFO or
+  // symlink in the way fails the open instead of blocking or redirecting it.
+  UniqueFd out(::open(temp_path.c_str(),
+                      O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600));
+  if (!out || ::fchmod(out.get(), 0600) != 0 || !write_all(out.get(), text) ||
+      ::fsync(out.get()) != 0) {
     const std::string why = errno_text();
     fs::remove(temp_path, ec);
     return service_error(error_name::kState,
@@ -147,16 +182,46 @@ ServiceResult<ArtifactIdentity> parse_artifact_identity(const nlohmann::json& ki
 
 ArtifactStore::ArtifactStore(fs::path state_dir) : dir_(std::move(state_dir) / "artifacts") {}
 
-std::string ArtifactStore::key(const ArtifactIdentity& identity, std::string_view config) {
+std::string ArtifactStore::key(uid_t owner, const ArtifactIdentity& identity,
+                               std::string_view config) {
   // No config: the key records had before configurations were told apart.
   std::string canonical = identity.kind + "\n" + identity.to_json().dump();
   if (!config.empty()) canonical += fmt::format("\nconfig {}", config);
   const std::string digest = store::sha256_hex(std::as_bytes(std::span(canonical)));
-  return identity.kind + "-" + digest.substr(0, 32);
+  return fmt::format("{}-{}-{}", identity.kind, owner, digest.substr(0, 32));
 }
 
-ServiceResult<ArtifactPutResult> ArtifactStore::put(const ArtifactIdentity& identity, int fd,
-                                                    std::uint64_t bytes, std::string_view config) {
+void ArtifactStore::invalid(const fs::path& path, std::string_view why) const {
+  {
+    std::lock_guard lock(logged_mutex_);
+    // Bounded: a directory full of junk costs a bounded set, and logs that many lines.
+    if (logged_.size() >= 4096 || !logged_.insert(path).second) return;
+  }
+  log(LogLevel::warning,
+      fmt::format("artifact {} is not used: {}; remove it (engines record a new one)",
+                  path.string(), why));
+}
+
+nlohmann::json ArtifactStore::read_record(const fs::path& path) const {
+  const nlohmann::json none(nlohmann::json::value_t::discarded);
+  auto opened = open_record(path);
+  if (!opened) {
+    if (opened.error().err != ENOENT) invalid(path, opened.error().why);
+    return none;
+  }
+  auto text = proto::read_document(opened->fd.get(), opened->bytes);
+  if (!text) {
+    invalid(path, text.error());
+    return none;
+  }
+  nlohmann::json doc = nlohmann::json::parse(*text, nullptr, false);
+  if (doc.is_discarded()) invalid(path, "it is not JSON");
+  return doc;
+}
+
+ServiceResult<ArtifactPutResult> ArtifactStore::put(uid_t owner, const ArtifactIdentity& identity,
+                                                    int fd, std::uint64_t bytes,
+                                                    std::string_view config) try {
   if (bytes == 0 || bytes > kMaxArtifactBytes) {
     return service_error(error_name::kInvalidArgument,
                          fmt::format("an artifact must be 1 byte to {} MiB; this one says {} bytes",
@@ -188,11 +253,12 @@ ServiceResult<ArtifactPutResult> ArtifactStore::put(const ArtifactIdentity& iden
                          fmt::format("cannot create {}: {}; check node.state_dir in thawd.toml",
                                      dir_.string(), ec.message()));
   }
-  ArtifactPutResult result{key(identity, config), ArtifactPut::stored};
+  (void)::chmod(dir_.c_str(), 0700);  // only thawd reads records; engines get descriptors
+  ArtifactPutResult result{key(owner, identity, config), ArtifactPut::stored};
   const fs::path record_path = dir_ / (result.key + ".json");
   const fs::path candidate_path = dir_ / (result.key + std::string(kCandidateSuffix));
   fs::path target = record_path;
-  const nlohmann::json stored = read_json(record_path);
+  const nlohmann::json stored = read_record(record_path);
   const nlohmann::json* now = sequence_of(doc);
   if (!stored.is_discarded()) {
     const nlohmann::json* before = stored.is_object() ? sequence_of(stored) : nullptr;
@@ -202,7 +268,7 @@ ServiceResult<ArtifactPutResult> ArtifactStore::put(const ArtifactIdentity& iden
         result.outcome = ArtifactPut::kept;
         return result;
       }
-      const nlohmann::json candidate = read_json(candidate_path);
+      const nlohmann::json candidate = read_record(candidate_path);
       const nlohmann::json* aside = candidate.is_object() ? sequence_of(candidate) : nullptr;
       if (aside != nullptr && *aside == *now) {
         result.outcome = ArtifactPut::promoted;
@@ -215,81 +281,103 @@ ServiceResult<ArtifactPutResult> ArtifactStore::put(const ArtifactIdentity& iden
   if (auto ok = write_atomically(dir_, target, *text); !ok) return std::unexpected(ok.error());
   if (target == record_path) fs::remove(candidate_path, ec);  // settled: nothing aside
   return result;
+} catch (const std::exception& e) {
+  // A document of an odd shape (nlohmann::json's type errors) or a failing allocation: the
+  // put fails, thawd does not.
+  return service_error(error_name::kState, fmt::format("cannot store the artifact: {}", e.what()));
 }
 
-ServiceResult<StoredArtifact> ArtifactStore::get(const ArtifactIdentity& identity,
-                                                 std::string_view config) const {
-  std::string k = key(identity, config);
+ServiceResult<StoredArtifact> ArtifactStore::get(uid_t owner, const ArtifactIdentity& identity,
+                                                 std::string_view config) const try {
+  std::string k = key(owner, identity, config);
   fs::path path = dir_ / (k + ".json");
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd && errno == ENOENT && !config.empty()) {
+  auto opened = open_record(path);
+  if (!opened && opened.error().err == ENOENT && !config.empty()) {
     // A configuration's first run follows the record of another configuration of the same
-    // engine, if any: its weights are usually laid out alike (zero-copy still works), and
-    // where it diverges it records its own without touching that one.
-    if (auto other = newest_path(
-            identity.kind, [&](const nlohmann::json& id) { return id == identity.to_json(); })) {
+    // engine (and user), if any: its weights are usually laid out alike (zero-copy still
+    // works), and where it diverges it records its own without touching that one.
+    if (auto other =
+            newest_path(fmt::format("{}-{}-", identity.kind, owner),
+                        [&](const nlohmann::json& id) { return id == identity.to_json(); })) {
       path = *other;
       k = path.stem().string();
-      fd.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    } else {
-      errno = ENOENT;
+      opened = open_record(path);
     }
   }
-  if (!fd) {
-    if (errno == ENOENT) {
+  if (!opened) {
+    if (opened.error().err == ENOENT) {
       return service_error(error_name::kUnknownArtifact,
                            fmt::format("no {} artifact recorded for this engine, model, GPU and "
                                        "driver yet ({}): this run records one",
                                        identity.kind, k));
     }
-    return service_error(error_name::kState,
-                         fmt::format("cannot open {}: {}", path.string(), errno_text()));
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    return service_error(error_name::kState,
-                         fmt::format("cannot stat {}: {}", path.string(), errno_text()));
+    invalid(path, opened.error().why);
+    return service_error(error_name::kState, fmt::format("cannot use {}: {}; remove it",
+                                                         path.string(), opened.error().why));
   }
   // The record an engine just ran by is the one prewarm should build a slot in next
   // (newest_for_model goes by modification time). Best effort: a read-only state dir
   // only loses that preference.
-  (void)::futimens(fd.get(), nullptr);
-  return StoredArtifact{k, std::move(fd), static_cast<std::uint64_t>(st.st_size)};
+  (void)::futimens(opened->fd.get(), nullptr);
+  return StoredArtifact{k, std::move(opened->fd), opened->bytes};
+} catch (const std::exception& e) {
+  return service_error(error_name::kState, fmt::format("cannot read the artifact: {}", e.what()));
 }
 
 std::optional<fs::path> ArtifactStore::newest_path(
-    const std::string& kind, const std::function<bool(const nlohmann::json&)>& wanted) const {
-  std::error_code ec;
+    const std::string& prefix, const std::function<bool(const nlohmann::json&)>& wanted) const {
   std::optional<fs::path> best;
-  fs::file_time_type best_time{};
-  for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec)) {
+  timespec best_time{};
+  std::error_code ec;
+  // increment(ec), not ++: a directory that changes or fails while read ends the walk
+  // instead of throwing.
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& path = it->path();
     // Records only: candidates (".candidate") and temporary files (".json.tmp") end otherwise.
-    const std::string name = e.path().filename().string();
-    if (!name.starts_with(kind + "-") || !name.ends_with(".json")) continue;
-    std::error_code stat_ec;
-    const auto time = e.last_write_time(stat_ec);
-    if (stat_ec || (best && time <= best_time)) continue;
-    const nlohmann::json doc = read_json(e.path());
-    if (!doc.is_object()) continue;
-    auto id = doc.find("identity");
-    if (id == doc.end() || !id->is_object() || !wanted(*id)) continue;
-    best = e.path();
+    const std::string name = path.filename().string();
+    if (!name.starts_with(prefix) || !name.ends_with(".json")) continue;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) continue;
+    if (!S_ISREG(st.st_mode)) {
+      invalid(path, "it is not a regular file");
+      continue;
+    }
+    const timespec time = st.st_mtim;
+    if (best &&
+        std::pair(time.tv_sec, time.tv_nsec) <= std::pair(best_time.tv_sec, best_time.tv_nsec)) {
+      continue;
+    }
+    const nlohmann::json doc = read_record(path);
+    if (doc.is_discarded()) continue;
+    auto id = doc.is_object() ? doc.find("identity") : doc.end();
+    if (!doc.is_object() || id == doc.end() || !identity_shape_ok(*id)) {
+      invalid(path, "its identity is not {engine, model, gpu, driver}, all strings");
+      continue;
+    }
+    if (!wanted(*id)) continue;
+    best = path;
     best_time = time;
   }
   return best;
 }
 
 std::optional<std::string> ArtifactStore::newest_for_model(const std::string& kind,
-                                                           const std::string& model) const {
-  auto path = newest_path(
-      kind, [&](const nlohmann::json& id) { return id.value("model", std::string()) == model; });
+                                                           const std::string& model) const try {
+  // Every user's records (and ones from before records had owners): see the header.
+  auto path = newest_path(kind + "-", [&](const nlohmann::json& id) {
+    return id["model"].get_ref<const std::string&>() == model;  // a string: identity_shape_ok
+  });
   if (!path) return std::nullopt;
-  UniqueFd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC));
-  struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) != 0) return std::nullopt;
-  auto text = proto::read_document(fd.get(), static_cast<std::uint64_t>(st.st_size));
+  auto opened = open_record(*path);
+  if (!opened) return std::nullopt;
+  auto text = proto::read_document(opened->fd.get(), opened->bytes);
   if (!text) return std::nullopt;
   return std::move(*text);
+} catch (const std::exception& e) {
+  // Runs on prewarm threads: an exception here would end thawd.
+  log(LogLevel::warning,
+      fmt::format("reading {} records for {}: {}; prewarming without one", kind, model, e.what()));
+  return std::nullopt;
 }
 
 }  // namespace thaw::daemon

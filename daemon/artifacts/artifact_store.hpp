@@ -15,6 +15,22 @@
 // than invalidating the other's at every switch. The shim server passes the engine's
 // command line as `config`.
 //
+// Records belong to the user whose engine recorded them (the peer's uid on the shim socket):
+// <state_dir>/artifacts/<kind>-<uid>-<32 hex>.json, written 0600 by thawd in a 0700
+// directory. An engine gets and replaces only records of its own user — root's engines
+// included, which read only root's: a record steers how an engine lays out its memory, so no
+// user's record may steer another user's engine. Prewarm (newest_for_model) looks at every
+// user's records, as the node decides what to prewarm; the layout only arranges the model's
+// own verified bytes, and an engine maps a slot in place only when the slot was built from
+// a record byte-identical to its own (the shim compares record fingerprints). Records of
+// before this rule (<kind>-<32 hex>.json, no owner) are no engine's any more; prewarm may
+// still read them.
+//
+// Nothing read from the state directory is trusted: a file is opened O_NONBLOCK|O_NOFOLLOW
+// and used only if fstat says it is a regular file within the size cap (a FIFO, a symlink,
+// a directory or a device is skipped, never blocked on), and a document of the wrong shape
+// is an invalid artifact (logged once per file), never an exception.
+//
 // A good record is not replaced by a worse one. For documents with an "allocations"
 // sequence (layout records), a put whose sequence only extends the stored one replaces it
 // (the run went further); one that diverges from it is kept aside as a candidate, and
@@ -23,11 +39,15 @@
 // really changed gets a new record after two runs. Documents without a sequence replace.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <expected>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -81,15 +101,17 @@ class ArtifactStore {
   // Nothing is created until the first put.
   explicit ArtifactStore(std::filesystem::path state_dir);
 
-  // "<kind>-<32 hex digits of the SHA-256 of the identity and config>".
-  static std::string key(const ArtifactIdentity& identity, std::string_view config = {});
+  // "<kind>-<owner uid>-<32 hex digits of the SHA-256 of the identity and config>".
+  static std::string key(uid_t owner, const ArtifactIdentity& identity,
+                         std::string_view config = {});
 
-  // Stores the `bytes` bytes readable at offset 0 of `fd` (a memfd from the shim), as the
-  // record of `identity` run with `config`, or aside (see above).
-  ServiceResult<ArtifactPutResult> put(const ArtifactIdentity& identity, int fd,
+  // Stores the `bytes` bytes readable at offset 0 of `fd` (a memfd from the shim), as
+  // `owner`'s record of `identity` run with `config`, or aside (see above).
+  ServiceResult<ArtifactPutResult> put(uid_t owner, const ArtifactIdentity& identity, int fd,
                                        std::uint64_t bytes, std::string_view config = {});
-  // The record (never a candidate). Marks it the most recently used, for newest_for_model.
-  ServiceResult<StoredArtifact> get(const ArtifactIdentity& identity,
+  // `owner`'s record (never a candidate). Marks it the most recently used, for
+  // newest_for_model.
+  ServiceResult<StoredArtifact> get(uid_t owner, const ArtifactIdentity& identity,
                                     std::string_view config = {}) const;
 
   // The most recently stored or used record of `kind` for model `model` by any engine and
@@ -101,11 +123,18 @@ class ArtifactStore {
   const std::filesystem::path& directory() const { return dir_; }
 
  private:
-  // The most recently modified record of `kind` whose identity `wanted` accepts.
+  // The most recently modified record whose name starts with `prefix` and whose identity
+  // `wanted` accepts.
   std::optional<std::filesystem::path> newest_path(
-      const std::string& kind, const std::function<bool(const nlohmann::json&)>& wanted) const;
+      const std::string& prefix, const std::function<bool(const nlohmann::json&)>& wanted) const;
+  // The document at `path`, or a discarded value when it is absent, not a regular file, too
+  // big or not JSON (then logged, once per path).
+  nlohmann::json read_record(const std::filesystem::path& path) const;
+  void invalid(const std::filesystem::path& path, std::string_view why) const;
 
   std::filesystem::path dir_;
+  mutable std::mutex logged_mutex_;
+  mutable std::set<std::filesystem::path> logged_;  // invalid records already logged
 };
 
 }  // namespace thaw::daemon

@@ -339,7 +339,9 @@ void Thawd::reload() {
   config_.max_rate_bytes_per_s = next->max_rate_bytes_per_s;
   config_.allow_unverified = next->allow_unverified;
   config_.allow_groups = next->allow_groups;
-  // The old policy stays alive until the bus uses the new one (it holds a pointer).
+  // The old policy stays alive until the bus uses the new one (it holds a pointer). The
+  // shim server applies the new rule to open connections too: engines of a group taken out
+  // of shim.allow_groups are disconnected now, not left talking until they exit.
   auto access = std::make_unique<AccessPolicy>(config_.allow_groups);
   bus_->set_access(*access);
   shim_->set_access(*access);

@@ -22,7 +22,15 @@ ServiceResult<EngineLayout> engine_layout_from_record(std::string_view document,
                                                       const safetensors::Model& model) {
   auto doc = nlohmann::json::parse(document, nullptr, false);
   if (doc.is_discarded()) return std::unexpected(refused("it is not JSON"));
-  auto record = layout::layout_record_from_json(doc);
+  // The record comes from the state directory, which thawd does not trust to be well
+  // formed: a field of the wrong JSON type is a refused record, never an exception on the
+  // prewarm thread (which would end thawd).
+  std::expected<layout::LayoutRecord, std::string> record;
+  try {
+    record = layout::layout_record_from_json(doc);
+  } catch (const std::exception& e) {
+    return std::unexpected(refused(e.what()));
+  }
   if (!record) return std::unexpected(refused(record.error()));
   if (record->copies.empty()) return std::unexpected(refused("it records no weight copies"));
 

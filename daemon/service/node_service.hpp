@@ -115,7 +115,7 @@ struct AttachedSlot {
   std::string slot;
   std::uint32_t gpu = 0;
   std::uint64_t weight_bytes = 0;
-  std::uint64_t token = 0;  // for confirm_import
+  std::uint64_t token = 0;  // for confirm_import by the same owner: random, not guessable
   // Device memory the engine may count as its own while attached (what its cuMemGetInfo
   // answers): this slot's pages plus the pool's free pages, whose memory thawd gave to the
   // driver for this engine's own allocations — not other slots' pages, which thawd keeps
@@ -186,7 +186,11 @@ class NodeService {
   // driver for `owner` until release_owner(owner). With pool_share 0.9 a process that got
   // nothing would have a tenth of the GPU. Returns the lease (all it holds, if it had one).
   ServiceResult<EngineLease> lease_memory(const std::string& owner, const std::string& gpu_uuid);
-  ServiceResult<void> confirm_import(const std::string& slot, std::uint64_t token);
+  // `owner` mapped the pages attach gave it (the token that attach answered it): they are
+  // unpinned. Only the slot's owner may confirm, so another engine cannot unpin pages it was
+  // never given, nor spend the owner's confirmation.
+  ServiceResult<void> confirm_import(const std::string& owner, const std::string& slot,
+                                     std::uint64_t token);
   // The owner copied these pages' bytes out (offsets from the slot's base): they are freed.
   ServiceResult<std::size_t> free_pages(const std::string& owner, const std::string& slot,
                                         const std::vector<std::uint64_t>& offsets);

@@ -81,7 +81,9 @@ struct NodeService::SlotRecord {
   bool evicting = false;
   std::string error;
   std::string owner;
-  std::map<std::uint64_t, bool> exports;  // token → confirmed
+  // Exports of its pages to the owner not yet confirmed, by the token the owner was given
+  // (random: see NodeService::attach) → the GPU memory manager's own token.
+  std::map<std::uint64_t, std::uint64_t> exports;
   std::vector<vmm::LayoutPiece> layout;
   std::uint64_t weight_bytes = 0;
   std::optional<int> layers;       // partial prewarm

@@ -1,6 +1,7 @@
 // NodeService: prewarm slots (prewarm, activate, deactivate, evict) and handing their pages
 // to shim clients (attach, confirm_import, release_owner).
 #include <fmt/format.h>
+#include <sys/random.h>
 
 #include <charconv>
 #include <chrono>
@@ -8,15 +9,23 @@
 
 #include "common/safetensors/model.hpp"
 #include "daemon/log/log.hpp"
-#include "daemon/service/node_service.hpp"
-#include "daemon/service/node_service_state.hpp"
 #include "daemon/prewarm/cache_weight_source.hpp"
 #include "daemon/prewarm/engine_layout.hpp"
+#include "daemon/service/node_service.hpp"
+#include "daemon/service/node_service_state.hpp"
 #include "daemon/store/cache/cache_layout.hpp"
 
 namespace thaw::daemon {
 
 namespace {
+
+std::uint64_t random_token() {
+  std::uint64_t t = 0;
+  while (t == 0) {
+    if (::getrandom(&t, sizeof t, 0) != sizeof t) t = 0;
+  }
+  return t;
+}
 
 // The engine layout an engine recorded for this model when there is one that fits the cached
 // copy, else the packed layout (said in the journal when a record was refused).
@@ -427,14 +436,18 @@ ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
   }
   counters_.prewarm_hits.fetch_add(1);
   if (found->layout_kind == "engine") counters_.engine_layout_hits.fetch_add(1);
+  // The GPU's export tokens count up from 1; what the engine is given is random, so no
+  // other client can name this export (and confirm_import checks the owner besides).
+  std::uint64_t token = random_token();
+  while (found->exports.contains(token)) token = random_token();
   found->owner = owner;
-  found->exports[range->token] = false;
+  found->exports[token] = range->token;
   AttachedSlot out;
   out.slot = found->id;
   out.gpu = found->gpu;
   out.weight_bytes = found->weight_bytes;
   out.resident_bytes = found_resident;
-  out.token = range->token;
+  out.token = token;
   // The engine's budget beyond its weights: every free page of the pool, its memory given
   // to the driver (the engine allocates with whatever driver calls it makes — the shim's
   // layout, expandable segments, a library's own cuMemCreate — and none of them could use a
@@ -463,17 +476,26 @@ ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
   return out;
 }
 
-ServiceResult<void> NodeService::confirm_import(const std::string& id, std::uint64_t token) {
+ServiceResult<void> NodeService::confirm_import(const std::string& owner, const std::string& id,
+                                                std::uint64_t token) {
   std::lock_guard lock(mutex_);
-  auto it = slots_.find(id);
-  if (it == slots_.end() || !it->second->exports.contains(token) || it->second->exports[token]) {
+  // One answer whether the slot, the owner or the token is wrong: a client learns nothing
+  // about other engines' slots from it.
+  auto refused = [&] {
     return service_error(error_name::kInvalidArgument,
-                         fmt::format("no unconfirmed export {} of slot {}", token, id));
-  }
-  if (auto ok = gpus_[it->second->gpu]->confirm_import(token); !ok) {
+                         fmt::format("this connection has no unconfirmed export of slot {} with "
+                                     "that token",
+                                     id));
+  };
+  auto it = slots_.find(id);
+  if (it == slots_.end() || it->second->owner != owner) return refused();
+  SlotRecord& record = *it->second;
+  auto pending = record.exports.find(token);
+  if (pending == record.exports.end()) return refused();
+  if (auto ok = gpus_[record.gpu]->confirm_import(pending->second); !ok) {
     return service_error(error_name::kGpu, ok.error().message);
   }
-  it->second->exports[token] = true;
+  record.exports.erase(pending);
   return {};
 }
 
@@ -555,8 +577,8 @@ std::size_t NodeService::release_owner(const std::string& owner, const std::stri
   for (auto& [id, record] : slots_) {
     if (record->owner != owner || (!slot.empty() && id != slot)) continue;
     ++released;
-    for (auto& [token, confirmed] : record->exports) {
-      if (!confirmed) (void)gpus_[record->gpu]->confirm_import(token);
+    for (const auto& [token, gpu_token] : record->exports) {
+      (void)gpus_[record->gpu]->confirm_import(gpu_token);  // unpin what was never mapped
     }
     record->exports.clear();
     record->owner.clear();

@@ -26,6 +26,9 @@ inline constexpr const char* kUnknownArtifact = "org.thaw.Error.UnknownArtifact"
 inline constexpr const char* kState = "org.thaw.Error.State";  // the state directory failed
 inline constexpr const char* kUnknownIpcHandle = "org.thaw.Error.UnknownIpcHandle";
 inline constexpr const char* kAccessDenied = "org.freedesktop.DBus.Error.AccessDenied";
+// thawd holds as much of something clients can make it hold (connections, IPC exports) as
+// it will: retry once others are gone.
+inline constexpr const char* kLimit = "org.thaw.Error.Limit";
 }  // namespace error_name
 
 struct ServiceError {

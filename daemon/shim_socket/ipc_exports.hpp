@@ -7,6 +7,14 @@
 // An export lives until the connection that made it closes (the exporting process exits
 // or frees the memory: CUDA IPC handles are not valid past the exporter's allocation
 // either). Tokens are random, so a handle cannot be guessed from another.
+//
+// What thawd holds for a client must end when the client does, so only descriptors that
+// can be a VMM export are taken: a regular file (the emulator exports a memfd) or a
+// character device (NVIDIA's driver exports a descriptor of /dev/nvidia*). A socket is
+// refused above all — the client's own connection passed here would keep itself open
+// forever, and with it every slot and page the client held — and so are pipes, FIFOs,
+// directories and anonymous inodes (eventfd, epoll...), which no driver returns. How many
+// descriptors are held is bounded per connection and in all.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +28,9 @@ namespace thaw::daemon {
 class IpcExports {
  public:
   static constexpr std::size_t kMaxPerConnection = 4096;
+  // Far below the RLIMIT_NOFILE thawd runs with (thawd.service: 1048576), so exports can
+  // never starve thawd of the descriptors its cache and slots need.
+  static constexpr std::size_t kMaxTotal = 16384;
 
   ServiceResult<std::uint64_t> add(std::uint64_t connection, UniqueFd fd, std::uint64_t bytes);
 
@@ -39,7 +50,8 @@ class IpcExports {
     UniqueFd fd;
     std::uint64_t bytes;
   };
-  std::map<std::uint64_t, Entry> exports_;  // by token
+  std::map<std::uint64_t, Entry> exports_;               // by token
+  std::map<std::uint64_t, std::size_t> per_connection_;  // exports held, by connection
 };
 
 }  // namespace thaw::daemon

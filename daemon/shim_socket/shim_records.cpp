@@ -52,7 +52,8 @@ bool ShimServer::handle_report_artifact(Connection& c, proto::Received& in) {
   auto id =
       parse_artifact_identity(field_or_null(m.body, "kind"), field_or_null(m.body, "identity"));
   if (!id) return reply_error(c, m, id.error());
-  auto put = artifacts_.put(*id, in.fds.front().get(), *bytes, engine_config(c.peer.pid));
+  auto put =
+      artifacts_.put(c.peer.uid, *id, in.fds.front().get(), *bytes, engine_config(c.peer.pid));
   if (!put) {
     log(LogLevel::warning,
         fmt::format("shim client {}: {} artifact for {} not stored: {}", c.owner, id->kind,
@@ -72,7 +73,7 @@ bool ShimServer::handle_get_artifact(Connection& c, const Message& m) {
   auto id =
       parse_artifact_identity(field_or_null(m.body, "kind"), field_or_null(m.body, "identity"));
   if (!id) return reply_error(c, m, id.error());
-  auto found = artifacts_.get(*id, engine_config(c.peer.pid));
+  auto found = artifacts_.get(c.peer.uid, *id, engine_config(c.peer.pid));
   if (!found) return reply_error(c, m, found.error());
   counters_.artifacts_served.fetch_add(1);
   return send(

@@ -355,7 +355,7 @@ bool ShimServer::handle(Connection& c, proto::Received& in) {
       auto slot = text_field(m.body, "slot");
       auto token = m.body.find("token");
       if (!slot || token == m.body.end() || !token->is_number_unsigned()) return false;
-      if (auto ok = service_.confirm_import(*slot, token->get<std::uint64_t>()); !ok) {
+      if (auto ok = service_.confirm_import(c.owner, *slot, token->get<std::uint64_t>()); !ok) {
         return reply_error(c, m, ok.error());
       }
       return send(c, reply_of(MessageType::ok, nlohmann::json::object()));

@@ -67,8 +67,14 @@ TEST_F(NodeServiceTest, AttachIsExclusiveUntilTheOwnerIsReleased) {
   for (const auto& p : a->pages.pages) ::close(p.fd);
   EXPECT_EQ(service_->attach("gpt-syn", "pid 2").error().name, error_name::kNotPrewarmed);
   EXPECT_EQ(service_->evict(*slot).error().name, error_name::kSlotBusy);
-  EXPECT_EQ(service_->confirm_import(*slot, a->token + 1).error().name,
+  EXPECT_EQ(service_->confirm_import("pid 1", *slot, a->token + 1).error().name,
             error_name::kInvalidArgument);
+  // The token is the owner's: another engine cannot confirm (unpin) it, and does not use up
+  // the owner's confirmation.
+  EXPECT_EQ(service_->confirm_import("pid 2", *slot, a->token).error().name,
+            error_name::kInvalidArgument);
+  EXPECT_TRUE(service_->confirm_import("pid 1", *slot, a->token));
+  EXPECT_FALSE(service_->confirm_import("pid 1", *slot, a->token)) << "confirmed twice";
   EXPECT_EQ(service_->release_owner("pid 2"), 0u);
   // A clean hand-back keeps the slot prewarmed for the next engine, once its bytes are
   // checked against the model.
