@@ -155,10 +155,36 @@ int ShimServer::on_accept(sd_event_source*, int fd, uint32_t, void* self) {
     c->fd.reset(client);
     c->peer = peer_of(client);
     c->owner = fmt::format("pid {} (connection {})", c->peer.pid, c->id);
+    if (s->connections_.size() >= kMaxConnections) {
+      // Told why (request id 0: it has asked nothing yet), then closed with `c`.
+      s->counters_.connections_dropped.fetch_add(1);
+      Message refusal;
+      refusal.type = MessageType::error;
+      refusal.body = {{"name", error_name::kLimit},
+                      {"message", fmt::format("thawd serves at most {} shim connections at "
+                                              "once; retry once engines have exited",
+                                              kMaxConnections)}};
+      (void)proto::send_message(client, refusal);
+      if (!s->at_connection_limit_) {
+        log(LogLevel::warning, fmt::format("shim socket: {} connections, the limit; refusing "
+                                           "new ones until some close",
+                                           kMaxConnections));
+      }
+      s->at_connection_limit_ = true;
+      continue;
+    }
+    s->at_connection_limit_ = false;
+    s->limit_ungreeted();
     if (sd_event_add_io(s->event_, &c->source, client, EPOLLIN, &ShimServer::on_readable, s) < 0) {
       continue;  // closes `client`
     }
     sd_event_source_set_description(c->source, "shim-connection");
+    // Until the hello: a connection that never says it is held for kHelloDeadlineUsec only.
+    if (sd_event_add_time_relative(s->event_, &c->hello_deadline, CLOCK_MONOTONIC,
+                                   kHelloDeadlineUsec, 0, &ShimServer::on_hello_deadline, s) < 0) {
+      sd_event_source_disable_unref(c->source);
+      continue;
+    }
     s->counters_.connections_accepted.fetch_add(1);
     s->connections_[c->id] = std::move(c);
   }
@@ -201,8 +227,56 @@ int ShimServer::on_readable(sd_event_source* source, int fd, uint32_t events, vo
     s->counters_.connections_dropped.fetch_add(1);
     s->close_connection(c->id,
                         fmt::format("malformed {} message", proto::to_string(in->message.type)));
+    return 0;
+  }
+  if (c->greeted && c->hello_deadline != nullptr) {
+    c->hello_deadline = sd_event_source_disable_unref(c->hello_deadline);
   }
   return 0;
+}
+
+int ShimServer::on_hello_deadline(sd_event_source* source, uint64_t, void* self) {
+  auto* s = static_cast<ShimServer*>(self);
+  for (auto& [id, conn] : s->connections_) {
+    if (conn->hello_deadline == source) {
+      s->counters_.connections_dropped.fetch_add(1);
+      s->close_connection(id, fmt::format("no hello within {} s", kHelloDeadlineUsec / 1'000'000));
+      break;
+    }
+  }
+  return 0;
+}
+
+void ShimServer::limit_ungreeted() {
+  std::size_t ungreeted = 0;
+  std::uint64_t oldest = 0;
+  for (const auto& [id, conn] : connections_) {
+    if (conn->greeted) continue;
+    if (ungreeted++ == 0) oldest = id;  // the map is in accept order
+  }
+  if (ungreeted < kMaxUngreeted) return;
+  // The oldest goes rather than the newest: a storm of silent connections then cannot keep
+  // an engine that connects during it from getting its hello in.
+  counters_.connections_dropped.fetch_add(1);
+  close_connection(oldest, fmt::format("{} connections had not said hello", ungreeted));
+}
+
+void ShimServer::set_access(const AccessPolicy& access) {
+  access_ = &access;
+  std::vector<std::uint64_t> refused;
+  for (auto& [id, conn] : connections_) {
+    if (conn->greeted && !access.allows(conn->peer)) refused.push_back(id);
+  }
+  // Un-greeted peers are checked at their hello, against the new rule.
+  for (std::uint64_t id : refused) {
+    const std::string owner = connections_[id]->owner;
+    counters_.connections_refused.fetch_add(1);
+    close_connection(id, "no longer allowed by shim.allow_groups");
+    log(LogLevel::notice,
+        fmt::format("shim client {}: disconnected, its peer is not allowed by the reloaded "
+                    "shim.allow_groups ({})",
+                    owner, access.describe()));
+  }
 }
 
 void ShimServer::close_connection(std::uint64_t id, const std::string& why) {
@@ -210,6 +284,7 @@ void ShimServer::close_connection(std::uint64_t id, const std::string& why) {
   if (it == connections_.end()) return;
   Connection& c = *it->second;
   if (c.source != nullptr) sd_event_source_disable_unref(c.source);
+  if (c.hello_deadline != nullptr) sd_event_source_disable_unref(c.hello_deadline);
   const std::size_t released = service_.release_owner(c.owner);
   (void)ipc_exports_.drop_connection(c.id);
   if (released > 0) {

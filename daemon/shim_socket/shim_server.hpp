@@ -11,6 +11,12 @@
 //   request gets an `error` reply and the connection stays.
 // - When a connection closes (the engine exited or died), everything it held — slot
 //   exports not yet confirmed, slot ownership — is given back (NodeService::release_owner).
+// - What any client can make thawd hold is bounded: at most kMaxConnections connections
+//   (more are told so and closed), at most kMaxUngreeted that have not said hello (a new
+//   one pushes out the oldest, so a storm of silent connections cannot lock engines out),
+//   each of those closed kHelloDeadline after accept, and IpcExports' caps on descriptors.
+// - A reload (set_access) applies the new allow rule to the connections already open: the
+//   ones whose peer it no longer allows are closed.
 #pragma once
 
 #include <sys/types.h>
@@ -64,7 +70,13 @@ class ShimServer {
   ShimServer(const ShimServer&) = delete;
   ShimServer& operator=(const ShimServer&) = delete;
 
-  void set_access(const AccessPolicy& access) { access_ = &access; }
+  static constexpr std::size_t kMaxConnections = 1024;
+  static constexpr std::size_t kMaxUngreeted = 32;
+  static constexpr std::uint64_t kHelloDeadlineUsec = 5'000'000;
+
+  // A reload's allow rule: from now on, and for the connections already open (the ones no
+  // longer allowed are closed). `access` must outlive its use (until the next set_access).
+  void set_access(const AccessPolicy& access);
   std::size_t connection_count() const { return connections_.size(); }
   const ShimCounters& counters() const { return counters_; }
 
@@ -76,6 +88,7 @@ class ShimServer {
     PeerIdentity peer;
     std::string owner;  // "pid <n> (connection <id>)"
     bool greeted = false;
+    sd_event_source* hello_deadline = nullptr;  // until the hello
   };
 
   ShimServer(NodeService& service, ArtifactStore& artifacts, const AccessPolicy& access,
@@ -83,6 +96,9 @@ class ShimServer {
       : service_(service), artifacts_(artifacts), access_(&access), node_id_(std::move(node_id)) {}
   static int on_accept(sd_event_source* source, int fd, uint32_t events, void* self);
   static int on_readable(sd_event_source* source, int fd, uint32_t events, void* self);
+  static int on_hello_deadline(sd_event_source* source, uint64_t usec, void* self);
+  // Makes room for one more connection that has not said hello (closing the oldest).
+  void limit_ungreeted();
   // Handles one message; false closes the connection.
   bool handle(Connection& c, proto::Received& in);
   // shim_records.cpp: artifacts, counters, CUDA IPC exports.
@@ -107,6 +123,7 @@ class ShimServer {
   sd_event_source* accept_source_ = nullptr;
   std::map<std::uint64_t, std::unique_ptr<Connection>> connections_;
   std::uint64_t next_id_ = 1;
+  bool at_connection_limit_ = false;  // said in the log once each time the limit is reached
   ShimCounters counters_;
 };
 

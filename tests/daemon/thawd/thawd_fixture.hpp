@@ -41,14 +41,7 @@ class ThawdFixture : public ::testing::Test {
   void start_thawd(BusPolicy policy, const std::string& max_rate = "") {
     if (!bus_) bus_ = std::make_unique<PrivateBus>(dir_.path(), policy);
     if (metrics_port_ == 0) metrics_port_ = store::testing::free_loopback_port();
-    std::ofstream(dir_.path() / "thawd.toml")
-        << "[node]\nstate_dir = \"" << (dir_.path() / "state").string() << "\"\n"
-        << "[store]\ncache_dir = \"" << (dir_.path() / "cache").string()
-        << "\"\ncache_budget = \"256MiB\"\nregistry = \""
-        << (registry_ ? registry_->server().base_url() : "") << "\"\nmax_rate = \"" << max_rate
-        << "\"\nconnections = 2\n[gpu]\npool_share = " << pool_share_ << "\n[shim]\nsocket = \""
-        << socket_path().string() << "\"\n[dbus]\nbus = \"" << bus_->address()
-        << "\"\n[metrics]\nlisten = \"127.0.0.1:" << metrics_port_ << "\"\n";
+    write_config(max_rate);
     std::filesystem::remove(dir_.path() / "notify");
     NotifySocket notify(dir_.path() / "notify");
     pid_ = spawn(
@@ -59,6 +52,20 @@ class ThawdFixture : public ::testing::Test {
         dir_.path() / "thawd.log");
     const auto ready = notify.until("READY=1");
     ASSERT_FALSE(ready.empty()) << "thawd did not become ready:\n" << log();
+  }
+
+  // thawd.toml for the next start (or a SIGHUP reload of the running thawd).
+  void write_config(const std::string& max_rate = "") {
+    std::ofstream(dir_.path() / "thawd.toml")
+        << "[node]\nstate_dir = \"" << (dir_.path() / "state").string() << "\"\n"
+        << "[store]\ncache_dir = \"" << (dir_.path() / "cache").string()
+        << "\"\ncache_budget = \"256MiB\"\nregistry = \""
+        << (registry_ ? registry_->server().base_url() : "") << "\"\nmax_rate = \"" << max_rate
+        << "\"\nconnections = 2\n[gpu]\npool_share = " << pool_share_ << "\n[shim]\nsocket = \""
+        << socket_path().string() << "\"\n"
+        << (allow_groups_.empty() ? "" : "allow_groups = " + allow_groups_ + "\n")
+        << "[dbus]\nbus = \"" << bus_->address()
+        << "\"\n[metrics]\nlisten = \"127.0.0.1:" << metrics_port_ << "\"\n";
   }
 
   int stop_thawd() {
@@ -80,6 +87,9 @@ class ThawdFixture : public ::testing::Test {
   std::string log() const { return slurp(dir_.path() / "thawd.log"); }
   // gpu.pool_share of the next start_thawd() (the tests' default leaves half to the driver).
   std::string pool_share_ = "0.5";
+  // shim.allow_groups of the next write_config(), as TOML (e.g. ["thaw", "nogroup"]); "" =
+  // thawd's default.
+  std::string allow_groups_;
   std::uint64_t model_bytes() const { return model_bytes_; }
   std::string metrics_url() const {
     return "http://127.0.0.1:" + std::to_string(metrics_port_) + "/metrics";
