@@ -9,15 +9,13 @@
 
 namespace thaw::proto {
 
-std::expected<void, std::string> send_message(int socket, const Message& message,
-                                              const std::vector<int>& fds) {
+std::expected<void, std::string> send_packet(int socket, std::span<const std::byte> bytes,
+                                             const std::vector<int>& fds) {
   if (fds.size() > kMaxFdsPerMessage) {
     return std::unexpected(
         fmt::format("{} descriptors in one message; at most {}", fds.size(), kMaxFdsPerMessage));
   }
-  auto bytes = encode(message);
-  if (!bytes) return std::unexpected(bytes.error());
-  iovec iov{bytes->data(), bytes->size()};
+  iovec iov{const_cast<std::byte*>(bytes.data()), bytes.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -38,11 +36,12 @@ std::expected<void, std::string> send_message(int socket, const Message& message
   }
 }
 
-std::expected<Received, ReceiveError> receive_message(int socket) {
+std::expected<Packet, ReceiveError> receive_packet(int socket) {
   // One byte more than the limit, so an oversized packet shows as MSG_TRUNC.
-  std::vector<std::byte> buffer(kMaxMessageBytes + 1);
+  Packet out;
+  out.bytes.resize(kMaxMessageBytes + 1);
   std::vector<char> control(CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage));
-  iovec iov{buffer.data(), buffer.size()};
+  iovec iov{out.bytes.data(), out.bytes.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -54,7 +53,6 @@ std::expected<Received, ReceiveError> receive_message(int socket) {
   } while (n < 0 && errno == EINTR);
   if (n < 0) return std::unexpected(ReceiveError{ReceiveErrc::io, std::strerror(errno)});
   if (n == 0) return std::unexpected(ReceiveError{ReceiveErrc::closed, "peer closed"});
-  Received out;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -73,13 +71,49 @@ std::expected<Received, ReceiveError> receive_message(int socket) {
     return std::unexpected(ReceiveError{ReceiveErrc::malformed,
                                         fmt::format("message over {} bytes", kMaxMessageBytes)});
   }
-  auto decoded = decode(std::span(buffer.data(), static_cast<std::size_t>(n)));
+  out.bytes.resize(static_cast<std::size_t>(n));
+  return out;
+}
+
+std::expected<void, std::string> send(int socket, std::uint32_t request_id,
+                                      const ShimMessage& message) {
+  std::vector<std::byte> bytes;
+  std::vector<int> fds;
+  if (auto e = encode_message(request_id, message, bytes, fds); !e.empty()) {
+    return std::unexpected(std::move(e));
+  }
+  return send_packet(socket, bytes, fds);
+}
+
+std::expected<Envelope, ReceiveError> receive(int socket) {
+  auto packet = receive_packet(socket);
+  if (!packet) return std::unexpected(std::move(packet.error()));
+  Envelope out;
+  if (auto e = decode_message(packet->bytes, std::move(packet->fds), out); !e.empty()) {
+    FrameHeader header;
+    FrameErrc code;
+    (void)read_frame_header(packet->bytes, header, code);
+    return std::unexpected(ReceiveError{ReceiveErrc::malformed, std::move(e), header.version});
+  }
+  return out;
+}
+
+std::expected<void, std::string> send_message(int socket, const Message& message,
+                                              const std::vector<int>& fds) {
+  auto bytes = encode(message);
+  if (!bytes) return std::unexpected(bytes.error());
+  return send_packet(socket, *bytes, fds);
+}
+
+std::expected<Received, ReceiveError> receive_message(int socket) {
+  auto packet = receive_packet(socket);
+  if (!packet) return std::unexpected(std::move(packet.error()));
+  auto decoded = decode(packet->bytes);
   if (!decoded) {
     return std::unexpected(
         ReceiveError{ReceiveErrc::malformed, decoded.error().message, decoded.error().version});
   }
-  out.message = std::move(*decoded);
-  return out;
+  return Received{std::move(*decoded), std::move(packet->fds)};
 }
 
 std::expected<UniqueFd, std::string> connect_seqpacket(const std::string& path) {

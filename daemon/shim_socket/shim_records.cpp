@@ -1,10 +1,15 @@
 // The shim socket's record keeping: artifacts engines record and read back, the counters
 // their shims report at exit, and CUDA IPC exports of deterministic-layout memory.
+#include <fcntl.h>
 #include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <array>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <span>
 #include <utility>
 
@@ -16,19 +21,11 @@ namespace thaw::daemon {
 
 namespace {
 
-using proto::Message;
-using proto::MessageType;
-
-std::optional<std::uint64_t> unsigned_field(const nlohmann::json& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end() || !it->is_number_unsigned()) return std::nullopt;
-  return it->get<std::uint64_t>();
-}
-
-const nlohmann::json& field_or_null(const nlohmann::json& body, const char* name) {
-  static const nlohmann::json null;
-  auto it = body.find(name);
-  return it == body.end() ? null : *it;
+void add_saturating(std::atomic<std::uint64_t>& total, std::uint64_t n) {
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t now = total.load();
+  while (!total.compare_exchange_weak(now, now > kMax - n ? kMax : now + n)) {
+  }
 }
 
 // What tells one configuration of an engine binary from another: its command line
@@ -43,82 +40,80 @@ std::string engine_config(pid_t pid) {
   return "cmdline " + store::sha256_hex(std::as_bytes(std::span(cmdline))).substr(0, 32);
 }
 
+ArtifactIdentity identity_of(proto::ArtifactKind kind, const proto::ArtifactIdentity& id) {
+  return ArtifactIdentity{std::string(proto::to_string(kind)), id.engine, id.model, id.gpu,
+                          id.driver};
+}
+
 }  // namespace
 
-bool ShimServer::handle_report_artifact(Connection& c, proto::Received& in) {
-  const Message& m = in.message;
-  auto bytes = unsigned_field(m.body, "bytes");
-  if (!bytes) return false;
-  auto id =
-      parse_artifact_identity(field_or_null(m.body, "kind"), field_or_null(m.body, "identity"));
-  if (!id) return reply_error(c, m, id.error());
-  auto put =
-      artifacts_.put(c.peer.uid, *id, in.fds.front().get(), *bytes, engine_config(c.peer.pid));
+bool ShimServer::serve(Connection& c, std::uint32_t request, proto::ReportArtifact& m) {
+  const ArtifactIdentity id = identity_of(m.kind, m.identity);
+  auto put = artifacts_.put(c.peer.uid, id, m.document.get(), m.bytes, engine_config(c.peer.pid));
   if (!put) {
     log(LogLevel::warning,
-        fmt::format("shim client {}: {} artifact for {} not stored: {}", c.owner, id->kind,
-                    id->model, put.error().message),
-        {{"MODEL", id->model}});
-    return reply_error(c, m, put.error());
+        fmt::format("shim client {}: {} artifact for {} not stored: {}", c.owner, id.kind,
+                    proto::printable(id.model), put.error().message),
+        {{"MODEL", id.model}});
+    return reply_error(c, request, put.error());
   }
   counters_.artifacts_reported.fetch_add(1);
   log(LogLevel::info,
       fmt::format("shim client {}: stored its {} artifact for {} on {} ({} bytes, {}): {}", c.owner,
-                  id->kind, id->model, id->gpu, *bytes, put->key, to_string(put->outcome)),
-      {{"MODEL", id->model}});
-  return send(c, proto::reply_to(m, MessageType::ok, {{"key", put->key}}));
+                  id.kind, proto::printable(id.model), proto::printable(id.gpu), m.bytes, put->key,
+                  to_string(put->outcome)),
+      {{"MODEL", id.model}});
+  return send(c, request, proto::Ok{});
 }
 
-bool ShimServer::handle_get_artifact(Connection& c, const Message& m) {
-  auto id =
-      parse_artifact_identity(field_or_null(m.body, "kind"), field_or_null(m.body, "identity"));
-  if (!id) return reply_error(c, m, id.error());
-  auto found = artifacts_.get(c.peer.uid, *id, engine_config(c.peer.pid));
-  if (!found) return reply_error(c, m, found.error());
+bool ShimServer::serve(Connection& c, std::uint32_t request, const proto::GetArtifact& m) {
+  auto found =
+      artifacts_.get(c.peer.uid, identity_of(m.kind, m.identity), engine_config(c.peer.pid));
+  if (!found) return reply_error(c, request, found.error());
   counters_.artifacts_served.fetch_add(1);
-  return send(
-      c, proto::reply_to(m, MessageType::artifact, {{"key", found->key}, {"bytes", found->bytes}}),
-      {found->fd.get()});
+  return send(c, request, proto::Artifact{found->bytes, std::move(found->fd)});
 }
 
-bool ShimServer::handle_report_counters(Connection& c, const Message& m) {
-  auto it = m.body.find("counters");
-  if (it == m.body.end() || !it->is_object()) return false;
-  // Names this thawd sums; others (from a newer shim) are ignored.
-  const std::array<std::pair<const char*, std::atomic<std::uint64_t>*>, 6> known = {{
-      {"calls_intercepted", &counters_.engine_calls_intercepted},
-      {"deterministic_allocations", &counters_.engine_deterministic_allocations},
-      {"layout_divergences", &counters_.engine_layout_divergences},
-      {"files_streamed", &counters_.engine_files_streamed},
-      {"reads_waited", &counters_.engine_reads_waited},
-      {"bytes_streamed", &counters_.engine_bytes_streamed},
-  }};
-  for (const auto& [name, total] : known) {
-    auto v = it->find(name);
-    if (v != it->end() && v->is_number_unsigned()) total->fetch_add(v->get<std::uint64_t>());
-  }
+bool ShimServer::serve(Connection& c, std::uint32_t request, const proto::ReportCounters& m) {
+  // Each value is at most kMaxCounter (the codec's bound), so no report can wrap a total;
+  // the totals saturate besides, as 2048 such reports would (a counter that goes backwards
+  // reads as a reset to Prometheus).
+  const proto::EngineCounters& r = m.counters;
+  add_saturating(counters_.engine_calls_intercepted, r.calls_intercepted);
+  add_saturating(counters_.engine_deterministic_allocations, r.deterministic_allocations);
+  add_saturating(counters_.engine_layout_divergences, r.layout_divergences);
+  add_saturating(counters_.engine_files_streamed, r.files_streamed);
+  add_saturating(counters_.engine_reads_waited, r.reads_waited);
+  add_saturating(counters_.engine_bytes_streamed, r.bytes_streamed);
   counters_.engine_reports.fetch_add(1);
-  log(LogLevel::debug, fmt::format("shim client {}: counters {}", c.owner, it->dump()));
-  return send(c, proto::reply_to(m, MessageType::ok, nlohmann::json::object()));
+  log(LogLevel::debug,
+      fmt::format("shim client {}: counters: {} calls intercepted, {} deterministic allocations, "
+                  "{} layout divergences, {} files streamed, {} reads waited, {} bytes streamed",
+                  c.owner, r.calls_intercepted, r.deterministic_allocations, r.layout_divergences,
+                  r.files_streamed, r.reads_waited, r.bytes_streamed));
+  return send(c, request, proto::Ok{});
 }
 
-bool ShimServer::handle_export_ipc(Connection& c, proto::Received& in) {
-  const Message& m = in.message;
-  auto bytes = unsigned_field(m.body, "bytes");
-  if (!bytes) return false;
-  auto token = ipc_exports_.add(c.id, std::move(in.fds.front()), *bytes);
-  if (!token) return reply_error(c, m, token.error());
+bool ShimServer::serve(Connection& c, std::uint32_t request, proto::ExportIpc& m) {
+  auto token = ipc_exports_.add(c.id, std::move(m.handle), m.bytes);
+  if (!token) return reply_error(c, request, token.error());
   counters_.ipc_exports.fetch_add(1);
-  return send(c, proto::reply_to(m, MessageType::ok, {{"token", *token}}));
+  return send(c, request, proto::IpcExported{*token});
 }
 
-bool ShimServer::handle_import_ipc(Connection& c, const Message& m) {
-  auto token = unsigned_field(m.body, "token");
-  if (!token) return false;
-  auto found = ipc_exports_.find(*token);
-  if (!found) return reply_error(c, m, found.error());
+bool ShimServer::serve(Connection& c, std::uint32_t request, const proto::ImportIpc& m) {
+  auto found = ipc_exports_.find(m.token);
+  if (!found) return reply_error(c, request, found.error());
+  // The registry keeps its descriptor; the reply carries (and then closes) a duplicate.
+  UniqueFd handle(::fcntl(found->fd, F_DUPFD_CLOEXEC, 0));
+  if (!handle) {
+    return reply_error(
+        c, request,
+        ServiceError{error_name::kState,
+                     fmt::format("duplicating the export's descriptor: {}", std::strerror(errno))});
+  }
   counters_.ipc_imports.fetch_add(1);
-  return send(c, proto::reply_to(m, MessageType::ipc, {{"bytes", found->bytes}}), {found->fd});
+  return send(c, request, proto::Ipc{found->bytes, std::move(handle)});
 }
 
 }  // namespace thaw::daemon

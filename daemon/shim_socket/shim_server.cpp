@@ -15,9 +15,6 @@ namespace thaw::daemon {
 
 namespace {
 
-using proto::Message;
-using proto::MessageType;
-
 std::string errno_text(std::string_view what) {
   return fmt::format("{}: {}", what, std::strerror(errno));
 }
@@ -79,13 +76,6 @@ PeerIdentity peer_of(int fd) {
     peer.groups = std::move(groups);
   }
   return peer;
-}
-
-// A string field of a request body; nullopt when missing or not a string.
-std::optional<std::string> text_field(const nlohmann::json& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end() || !it->is_string()) return std::nullopt;
-  return it->get<std::string>();
 }
 
 }  // namespace
@@ -155,16 +145,17 @@ int ShimServer::on_accept(sd_event_source*, int fd, uint32_t, void* self) {
     c->fd.reset(client);
     c->peer = peer_of(client);
     c->owner = fmt::format("pid {} (connection {})", c->peer.pid, c->id);
+    // Decided before any byte is read: a refused peer's messages are never decoded.
+    c->allowed = s->access_->allows(c->peer);
+    if (!c->allowed) s->counters_.connections_refused.fetch_add(1);
     if (s->connections_.size() >= kMaxConnections) {
       // Told why (request id 0: it has asked nothing yet), then closed with `c`.
       s->counters_.connections_dropped.fetch_add(1);
-      Message refusal;
-      refusal.type = MessageType::error;
-      refusal.body = {{"name", error_name::kLimit},
-                      {"message", fmt::format("thawd serves at most {} shim connections at "
-                                              "once; retry once engines have exited",
-                                              kMaxConnections)}};
-      (void)proto::send_message(client, refusal);
+      (void)proto::send(client, 0,
+                        proto::Error::make(error_name::kLimit,
+                                           fmt::format("thawd serves at most {} shim connections "
+                                                       "at once; retry once engines have exited",
+                                                       kMaxConnections)));
       if (!s->at_connection_limit_) {
         log(LogLevel::warning, fmt::format("shim socket: {} connections, the limit; refusing "
                                            "new ones until some close",
@@ -198,7 +189,7 @@ int ShimServer::on_readable(sd_event_source* source, int fd, uint32_t events, vo
   }
   if (c == nullptr) return 0;
   (void)events;
-  auto in = proto::receive_message(fd);
+  auto in = proto::receive_packet(fd);
   if (!in) {
     if (in.error().code == proto::ReceiveErrc::io && (errno == EAGAIN || errno == EINTR)) return 0;
     if (in.error().code == proto::ReceiveErrc::closed) {
@@ -209,24 +200,54 @@ int ShimServer::on_readable(sd_event_source* source, int fd, uint32_t events, vo
     s->close_connection(c->id, "bad message: " + in.error().message);
     return 0;
   }
-  if (in->message.version != proto::kProtocolVersion) {
-    Message reply;
-    reply.type = MessageType::error;
-    reply.request_id = in->message.request_id;
-    reply.body = {{"name", "org.thaw.Error.ProtocolVersion"},
-                  {"message", fmt::format("protocol version {} is not spoken here; thawd speaks "
-                                          "version {} (upgrade the shim or thawd)",
-                                          in->message.version, proto::kProtocolVersion)}};
-    (void)proto::send_message(fd, reply);
+  // The frame only: magic, length, version, request id. Nothing of the body yet.
+  proto::FrameHeader header;
+  proto::FrameErrc frame;
+  if (auto bad = proto::read_frame_header(in->bytes, header, frame); !bad.empty()) {
     s->counters_.connections_dropped.fetch_add(1);
-    s->close_connection(c->id, fmt::format("protocol version {}", in->message.version));
+    s->close_connection(c->id, "bad message: " + bad);
+    return 0;
+  }
+  if (!c->allowed) {
+    (void)s->reply_error(
+        *c, header.request_id,
+        ServiceError{error_name::kAccessDenied,
+                     fmt::format("thawd's shim socket serves {} (this process runs as uid {}); "
+                                 "see shim.allow_groups",
+                                 s->access_->describe(), c->peer.uid)});
+    s->close_connection(c->id, "refused by the allow rule");
+    return 0;
+  }
+  if (header.version != proto::kProtocolVersion) {
+    (void)s->send(*c, header.request_id,
+                  proto::Error::make("org.thaw.Error.ProtocolVersion",
+                                     fmt::format("protocol version {} is not spoken here; thawd "
+                                                 "speaks version {} (upgrade the shim or thawd)",
+                                                 header.version, proto::kProtocolVersion)));
+    s->counters_.connections_dropped.fetch_add(1);
+    s->close_connection(c->id, fmt::format("protocol version {}", header.version));
+    return 0;
+  }
+  proto::Envelope message;
+  bool value_error = false;
+  if (auto bad = proto::decode_message(in->bytes, std::move(in->fds), message, &value_error);
+      !bad.empty()) {
+    if (value_error && c->greeted) {  // a request with a number out of range: it fails
+      s->counters_.requests.fetch_add(1);
+      (void)s->reply_error(*c, header.request_id,
+                           ServiceError{error_name::kInvalidArgument, std::move(bad)});
+      return 0;
+    }
+    s->counters_.connections_dropped.fetch_add(1);
+    s->close_connection(c->id, "bad message: " + bad);
     return 0;
   }
   s->counters_.requests.fetch_add(1);
-  if (!s->handle(*c, *in)) {
+  const proto::MessageType type = proto::type_of(message.message);
+  if (!s->handle(*c, message)) {
     s->counters_.connections_dropped.fetch_add(1);
-    s->close_connection(c->id,
-                        fmt::format("malformed {} message", proto::to_string(in->message.type)));
+    s->close_connection(
+        c->id, fmt::format("{} message out of order or not a request", proto::to_string(type)));
     return 0;
   }
   if (c->greeted && c->hello_deadline != nullptr) {
@@ -265,9 +286,10 @@ void ShimServer::set_access(const AccessPolicy& access) {
   access_ = &access;
   std::vector<std::uint64_t> refused;
   for (auto& [id, conn] : connections_) {
-    if (conn->greeted && !access.allows(conn->peer)) refused.push_back(id);
+    conn->allowed = access.allows(conn->peer);
+    if (!conn->allowed && conn->greeted) refused.push_back(id);
   }
-  // Un-greeted peers are checked at their hello, against the new rule.
+  // Un-greeted peers no longer allowed are told so at their first message, as at accept.
   for (std::uint64_t id : refused) {
     const std::string owner = connections_[id]->owner;
     counters_.connections_refused.fetch_add(1);
@@ -294,8 +316,8 @@ void ShimServer::close_connection(std::uint64_t id, const std::string& why) {
   connections_.erase(it);
 }
 
-bool ShimServer::send(Connection& c, Message reply, const std::vector<int>& fds) {
-  auto ok = proto::send_message(c.fd.get(), reply, fds);
+bool ShimServer::send(Connection& c, std::uint32_t id, proto::ShimMessage reply) {
+  auto ok = proto::send(c.fd.get(), id, reply);
   if (!ok) {
     log(LogLevel::warning, fmt::format("shim client {}: {}", c.owner, ok.error()));
     return false;
@@ -303,163 +325,117 @@ bool ShimServer::send(Connection& c, Message reply, const std::vector<int>& fds)
   return true;
 }
 
-bool ShimServer::reply_error(Connection& c, const Message& request, const ServiceError& error) {
+bool ShimServer::reply_error(Connection& c, std::uint32_t id, const ServiceError& error) {
   counters_.request_errors.fetch_add(1);
-  Message reply;
-  reply.type = MessageType::error;
-  reply.request_id = request.request_id;
-  reply.body = {{"name", error.name}, {"message", error.message}};
-  return send(c, std::move(reply));
+  return send(c, id, proto::Error::make(error.name, error.message));
 }
 
-bool ShimServer::handle(Connection& c, proto::Received& in) {
-  const Message& m = in.message;
-  // Descriptors come only with an artifact or an IPC export (exactly one).
-  const bool carries_fd =
-      m.type == MessageType::report_artifact || m.type == MessageType::export_ipc;
-  if (in.fds.size() != (carries_fd ? 1u : 0u)) return false;
-  auto reply_of = [&](MessageType type, nlohmann::json body) {
-    return proto::reply_to(m, type, std::move(body));
+bool ShimServer::handle(Connection& c, proto::Envelope& in) {
+  const bool hello = std::holds_alternative<proto::Hello>(in.message);
+  if (c.greeted == hello) return false;  // hello first, and only once
+  return std::visit(
+      [&](auto& m) {
+        if constexpr (requires { serve(c, in.request_id, m); }) {
+          return serve(c, in.request_id, m);
+        } else {
+          return false;  // replies are not requests
+        }
+      },
+      in.message);
+}
+
+bool ShimServer::serve(Connection& c, std::uint32_t id, const proto::Hello& m) {
+  c.greeted = true;
+  // (Peer strings escaped: a name with a line break must not forge a log line.)
+  log(LogLevel::info, fmt::format("shim client {}: engine {} ({})", c.owner,
+                                  proto::printable(m.engine), proto::printable(m.client)));
+  return send(c, id, proto::HelloOk{proto::kProtocolVersion, node_id_, THAW_VERSION});
+}
+
+bool ShimServer::serve(Connection& c, std::uint32_t id, const proto::OpenFile& m) {
+  auto file = service_.open_file(m.model, m.path);
+  if (!file) return reply_error(c, id, file.error());
+  return send(c, id,
+              proto::File{file->size, file->complete, UniqueFd(file->data_fd),
+                          UniqueFd(file->readiness_fd)});
+}
+
+bool ShimServer::serve(Connection& c, std::uint32_t id, const proto::AttachSlot& m) {
+  auto slot = service_.attach(m.model, c.owner);
+  if (!slot) return reply_error(c, id, slot.error());
+  // The pages' descriptors are ours from here: owned before anything can fail.
+  std::vector<UniqueFd> pages;
+  for (const auto& p : slot->pages.pages) pages.emplace_back(p.fd);
+  auto refuse = [&](const std::string& why) {
+    service_.release_owner(c.owner, slot->slot);
+    return reply_error(c, id, ServiceError{error_name::kState, why});
   };
-  if (!c.greeted && m.type != MessageType::hello) return false;
-  switch (m.type) {
-    case MessageType::hello: {
-      if (c.greeted) return false;
-      if (!access_->allows(c.peer)) {
-        counters_.connections_refused.fetch_add(1);
-        (void)reply_error(c, m,
-                          ServiceError{error_name::kAccessDenied,
-                                       fmt::format("thawd's shim socket serves {} (this process "
-                                                   "runs as uid {}); see shim.allow_groups",
-                                                   access_->describe(), c.peer.uid)});
-        return false;
-      }
-      c.greeted = true;
-      if (auto engine = text_field(m.body, "engine")) {
-        log(LogLevel::info, fmt::format("shim client {}: engine {}", c.owner, *engine));
-      }
-      return send(c, reply_of(MessageType::hello_ok, {{"protocol", proto::kProtocolVersion},
-                                                      {"node_id", node_id_},
-                                                      {"version", THAW_VERSION}}));
-    }
-    case MessageType::open_file: {
-      auto model = text_field(m.body, "model");
-      auto path = text_field(m.body, "path");
-      if (!model || !path) return false;
-      auto file = service_.open_file(*model, *path);
-      if (!file) return reply_error(c, m, file.error());
-      UniqueFd data(file->data_fd), ready(file->readiness_fd);
-      return send(c,
-                  reply_of(MessageType::file, {{"size", file->size},
-                                               {"chunk_size", file->chunk_size},
-                                               {"chunk_count", file->chunk_count},
-                                               {"complete", file->complete}}),
-                  {data.get(), ready.get()});
-    }
-    case MessageType::attach_slot: {
-      auto model = text_field(m.body, "model");
-      if (!model) return false;
-      auto slot = service_.attach(*model, c.owner);
-      if (!slot) return reply_error(c, m, slot.error());
-      std::vector<UniqueFd> owned;
-      for (const auto& p : slot->pages.pages) owned.emplace_back(p.fd);
-      const std::size_t total = slot->pages.pages.size();
-      const std::size_t messages =
-          (total + proto::kMaxFdsPerMessage - 1) / proto::kMaxFdsPerMessage;
-      // The layout of a big model exceeds a message: it goes as a memfd.
-      nlohmann::json layout = nlohmann::json::array();
-      for (const auto& piece : slot->layout) {
-        layout.push_back(
-            {piece.slot_offset, piece.file, piece.file_offset, piece.bytes, piece.layer});
-      }
-      const std::string layout_text = layout.dump();
-      auto layout_fd = proto::document_memfd("thaw-slot-layout", layout_text);
-      if (!layout_fd) {
-        service_.release_owner(c.owner, slot->slot);
-        return reply_error(c, m, ServiceError{error_name::kState, layout_fd.error()});
-      }
-      nlohmann::json body = {{"slot", slot->slot},
-                             {"gpu", slot->gpu},
-                             {"weight_bytes", slot->weight_bytes},
-                             {"resident_bytes", slot->resident_bytes},
-                             {"page_bytes", slot->page_bytes},
-                             {"layout_kind", slot->layout_kind},
-                             {"record_fingerprint", slot->record_fingerprint},
-                             {"token", slot->token},
-                             {"page_messages", messages},
-                             {"layout_bytes", layout_text.size()},
-                             {"budget_bytes", slot->budget_bytes}};
-      if (!send(c, reply_of(MessageType::slot, std::move(body)), {layout_fd->get()})) return false;
-      for (std::size_t first = 0; first < total; first += proto::kMaxFdsPerMessage) {
-        const std::size_t end = std::min(total, first + proto::kMaxFdsPerMessage);
-        nlohmann::json pages = nlohmann::json::array();
-        std::vector<int> fds;
-        for (std::size_t i = first; i < end; ++i) {
-          pages.push_back({{"slot_offset", slot->pages.pages[i].slot_offset},
-                           {"bytes", slot->pages.pages[i].bytes}});
-          fds.push_back(owned[i].get());
-        }
-        if (!send(c, reply_of(MessageType::slot_pages, {{"pages", std::move(pages)}}), fds)) {
-          return false;
-        }
-      }
-      return true;
-    }
-    case MessageType::free_pages: {
-      auto slot = text_field(m.body, "slot");
-      auto offsets = m.body.find("offsets");
-      if (!slot || offsets == m.body.end() || !offsets->is_array()) return false;
-      std::vector<std::uint64_t> list;
-      for (const auto& o : *offsets) {
-        if (!o.is_number_unsigned()) return false;
-        list.push_back(o.get<std::uint64_t>());
-      }
-      auto freed = service_.free_pages(c.owner, *slot, list);
-      if (!freed) return reply_error(c, m, freed.error());
-      return send(c, reply_of(MessageType::ok, {{"freed", *freed}}));
-    }
-    case MessageType::lease_memory: {
-      auto uuid = text_field(m.body, "gpu_uuid");
-      if (!uuid) return false;
-      auto lease = service_.lease_memory(c.owner, *uuid);
-      if (!lease) return reply_error(c, m, lease.error());
-      return send(c,
-                  reply_of(MessageType::ok, {{"gpu", lease->gpu}, {"budget_bytes", lease->bytes}}));
-    }
-    case MessageType::imported: {
-      auto slot = text_field(m.body, "slot");
-      auto token = m.body.find("token");
-      if (!slot || token == m.body.end() || !token->is_number_unsigned()) return false;
-      if (auto ok = service_.confirm_import(c.owner, *slot, token->get<std::uint64_t>()); !ok) {
-        return reply_error(c, m, ok.error());
-      }
-      return send(c, reply_of(MessageType::ok, nlohmann::json::object()));
-    }
-    case MessageType::release: {
-      auto slot = text_field(m.body, "slot");
-      if (!slot) return false;
-      auto handback = m.body.find("handback");
-      const bool keep = handback != m.body.end() && handback->is_boolean() && handback->get<bool>();
-      if (service_.release_owner(c.owner, *slot, keep) == 0) {
-        return reply_error(c, m,
-                           ServiceError{error_name::kUnknownSlot,
-                                        fmt::format("this connection holds no slot {}", *slot)});
-      }
-      return send(c, reply_of(MessageType::ok, nlohmann::json::object()));
-    }
-    case MessageType::report_artifact:
-      return handle_report_artifact(c, in);
-    case MessageType::get_artifact:
-      return handle_get_artifact(c, m);
-    case MessageType::report_counters:
-      return handle_report_counters(c, m);
-    case MessageType::export_ipc:
-      return handle_export_ipc(c, in);
-    case MessageType::import_ipc:
-      return handle_import_ipc(c, m);
-    default:
-      return false;  // replies are not requests
+  proto::Slot reply;
+  if (!proto::parse_layout_kind(slot->layout_kind, reply.layout_kind)) {
+    return refuse(
+        fmt::format("slot {} has layout kind {}", slot->slot, proto::quoted(slot->layout_kind)));
   }
+  // The layout of a big model exceeds a message: it goes as a memfd.
+  std::vector<proto::LayoutRow> rows;
+  rows.reserve(slot->layout.size());
+  for (const auto& piece : slot->layout) {
+    rows.push_back({piece.slot_offset, piece.file, piece.file_offset, piece.bytes});
+  }
+  std::string layout_text;
+  if (auto bad = proto::encode_slot_layout(rows, layout_text); !bad.empty()) return refuse(bad);
+  auto layout_fd = proto::document_memfd("thaw-slot-layout", layout_text);
+  if (!layout_fd) return refuse(layout_fd.error());
+  const std::size_t total = pages.size();
+  reply.slot = slot->slot;
+  reply.token = slot->token;
+  reply.budget_bytes = slot->budget_bytes;
+  reply.resident_bytes = slot->resident_bytes;
+  reply.page_bytes = slot->page_bytes;
+  reply.record_fingerprint = slot->record_fingerprint;
+  reply.layout_bytes = layout_text.size();
+  reply.page_messages =
+      static_cast<std::uint32_t>((total + proto::kMaxFdsPerMessage - 1) / proto::kMaxFdsPerMessage);
+  reply.layout = std::move(*layout_fd);
+  if (!send(c, id, std::move(reply))) return false;
+  for (std::size_t first = 0; first < total; first += proto::kMaxFdsPerMessage) {
+    const std::size_t end = std::min(total, first + proto::kMaxFdsPerMessage);
+    proto::SlotPages message;
+    for (std::size_t i = first; i < end; ++i) {
+      message.offsets.push_back(slot->pages.pages[i].slot_offset);
+      message.pages.push_back(std::move(pages[i]));
+    }
+    if (!send(c, id, std::move(message))) return false;
+  }
+  return true;
+}
+
+bool ShimServer::serve(Connection& c, std::uint32_t id, const proto::FreePages& m) {
+  auto freed = service_.free_pages(c.owner, m.slot, m.offsets);
+  if (!freed) return reply_error(c, id, freed.error());
+  return send(c, id, proto::Ok{});
+}
+
+bool ShimServer::serve(Connection& c, std::uint32_t id, const proto::LeaseMemory& m) {
+  auto lease = service_.lease_memory(c.owner, m.gpu_uuid);
+  if (!lease) return reply_error(c, id, lease.error());
+  return send(c, id, proto::MemoryLease{lease->bytes});
+}
+
+bool ShimServer::serve(Connection& c, std::uint32_t id, const proto::Imported& m) {
+  if (auto ok = service_.confirm_import(c.owner, m.slot, m.token); !ok) {
+    return reply_error(c, id, ok.error());
+  }
+  return send(c, id, proto::Ok{});
+}
+
+bool ShimServer::serve(Connection& c, std::uint32_t id, const proto::Release& m) {
+  if (service_.release_owner(c.owner, m.slot, m.handback) == 0) {
+    return reply_error(
+        c, id,
+        ServiceError{error_name::kUnknownSlot,
+                     fmt::format("this connection holds no slot {}", proto::quoted(m.slot))});
+  }
+  return send(c, id, proto::Ok{});
 }
 
 }  // namespace thaw::daemon

@@ -5,9 +5,12 @@
 //   the allow rule, not by file permissions). A stale socket file left by a crashed thawd is
 //   replaced; one a live thawd answers on is not, nor anything that is not a socket (start
 //   fails, saying so).
-// - Each connection's peer is taken from SO_PEERCRED and SO_PEERGROUPS at accept; its hello
-//   is refused (error AccessDenied, then close) unless the AccessPolicy allows it.
-// - A malformed, oversized or out-of-order message closes that connection only; a failed
+// - Each connection's peer is taken from SO_PEERCRED and SO_PEERGROUPS at accept, and the
+//   AccessPolicy decides there whether it may talk. A refused peer's first packet has only
+//   its header read (the request id, for the reply): it gets error AccessDenied and the
+//   close, and no byte it sends ever reaches the JSON parser.
+// - Allowed peers' packets go through the shim codec (common/proto/shim_messages.hpp): a
+//   malformed, oversized or out-of-order message closes that connection only; a failed
 //   request gets an `error` reply and the connection stays.
 // - When a connection closes (the engine exited or died), everything it held — slot
 //   exports not yet confirmed, slot ownership — is given back (NodeService::release_owner).
@@ -86,7 +89,8 @@ class ShimServer {
     UniqueFd fd;
     sd_event_source* source = nullptr;
     PeerIdentity peer;
-    std::string owner;  // "pid <n> (connection <id>)"
+    bool allowed = false;  // by the allow rule, at accept
+    std::string owner;     // "pid <n> (connection <id>)"
     bool greeted = false;
     sd_event_source* hello_deadline = nullptr;  // until the hello
   };
@@ -99,16 +103,25 @@ class ShimServer {
   static int on_hello_deadline(sd_event_source* source, uint64_t usec, void* self);
   // Makes room for one more connection that has not said hello (closing the oldest).
   void limit_ungreeted();
-  // Handles one message; false closes the connection.
-  bool handle(Connection& c, proto::Received& in);
+  // Handles one decoded message; false closes the connection. Each request type has its
+  // serve(); a message without one (a reply) is not a request.
+  bool handle(Connection& c, proto::Envelope& in);
+  bool serve(Connection& c, std::uint32_t id, const proto::Hello& m);
+  bool serve(Connection& c, std::uint32_t id, const proto::OpenFile& m);
+  bool serve(Connection& c, std::uint32_t id, const proto::AttachSlot& m);
+  bool serve(Connection& c, std::uint32_t id, const proto::Imported& m);
+  bool serve(Connection& c, std::uint32_t id, const proto::FreePages& m);
+  bool serve(Connection& c, std::uint32_t id, const proto::LeaseMemory& m);
+  bool serve(Connection& c, std::uint32_t id, const proto::Release& m);
   // shim_records.cpp: artifacts, counters, CUDA IPC exports.
-  bool handle_report_artifact(Connection& c, proto::Received& in);
-  bool handle_get_artifact(Connection& c, const proto::Message& m);
-  bool handle_report_counters(Connection& c, const proto::Message& m);
-  bool handle_export_ipc(Connection& c, proto::Received& in);
-  bool handle_import_ipc(Connection& c, const proto::Message& m);
-  bool reply_error(Connection& c, const proto::Message& request, const ServiceError& error);
-  bool send(Connection& c, proto::Message reply, const std::vector<int>& fds = {});
+  bool serve(Connection& c, std::uint32_t id, proto::ReportArtifact& m);
+  bool serve(Connection& c, std::uint32_t id, const proto::GetArtifact& m);
+  bool serve(Connection& c, std::uint32_t id, const proto::ReportCounters& m);
+  bool serve(Connection& c, std::uint32_t id, proto::ExportIpc& m);
+  bool serve(Connection& c, std::uint32_t id, const proto::ImportIpc& m);
+  bool reply_error(Connection& c, std::uint32_t id, const ServiceError& error);
+  // Sends `reply` to request `id` (the descriptors it carries closed here once sent).
+  bool send(Connection& c, std::uint32_t id, proto::ShimMessage reply);
   void close_connection(std::uint64_t id, const std::string& why);
 
   NodeService& service_;

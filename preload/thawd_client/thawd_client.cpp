@@ -4,6 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
@@ -31,6 +34,20 @@ std::string engine_name() {
   return slash == std::string::npos ? first : first.substr(slash + 1);
 }
 
+// A typed reply, when it is of type `Reply`; any other reply (an error names what thawd did
+// not like) is logged and gives nullopt.
+template <typename Reply>
+std::optional<Reply> reply_as(proto::Envelope& in, proto::MessageType sent) {
+  if (auto* r = std::get_if<Reply>(&in.message)) return std::move(*r);
+  if (const auto* e = std::get_if<proto::Error>(&in.message)) {
+    debug("thawd answered {} with {}: {}", proto::to_string(sent), e->name, e->message);
+  } else {
+    debug("thawd answered {} with {}, not {}", proto::to_string(sent),
+          proto::to_string(proto::type_of(in.message)), proto::to_string(Reply::kType));
+  }
+  return std::nullopt;
+}
+
 class Connection {
  public:
   static Connection& get() {
@@ -38,72 +55,66 @@ class Connection {
     return *c;
   }
 
-  std::optional<proto::Received> request(proto::Message m, const std::vector<int>& fds = {}) {
+  // Sends `m` and returns thawd's reply of type `Reply` (nullopt: no thawd, or another
+  // reply, logged).
+  template <typename Reply, typename Request>
+  std::optional<Reply> call(Request m) {
     std::lock_guard lock(mutex_);
-    if (!connect_locked()) return std::nullopt;
-    m.request_id = ++next_id_;
-    if (auto sent = proto::send_message(fd_.get(), m, fds); !sent) return drop_locked(sent.error());
-    auto in = proto::receive_message(fd_.get());
-    if (!in) return drop_locked(in.error().message);
-    return std::move(*in);
+    auto in = exchange_locked(std::move(m));
+    if (!in) return std::nullopt;
+    return reply_as<Reply>(*in, Request::kType);
   }
 
   // attach_slot (+ the layout's memfd), its page messages (+ the pages' fds), then
   // `imported` — one exchange under the lock, so no other request interleaves.
   std::optional<AttachedSlot> attach(const std::string& model) {
     std::lock_guard lock(mutex_);
-    if (!connect_locked()) return std::nullopt;
-    proto::Message m;
-    m.type = proto::MessageType::attach_slot;
-    m.request_id = ++next_id_;
-    m.body = {{"model", model}};
-    if (auto sent = proto::send_message(fd_.get(), m); !sent) return drop_locked(sent.error());
-    auto in = proto::receive_message(fd_.get());
-    if (!in) return drop_locked(in.error().message);
-    if (in->message.type != proto::MessageType::slot) {
-      debug("no slot of {} to attach to: {}", model, in->message.body.dump());
-      return std::nullopt;
-    }
-    const nlohmann::json& body = in->message.body;
+    auto in = exchange_locked(proto::AttachSlot{model});
+    if (!in) return std::nullopt;
+    auto slot = reply_as<proto::Slot>(*in, proto::MessageType::attach_slot);
+    if (!slot) return std::nullopt;
     AttachedSlot out;
-    out.slot = body.value("slot", std::string());
-    out.budget_bytes = body.value("budget_bytes", std::uint64_t{0});
+    out.slot = slot->slot;
+    out.budget_bytes = slot->budget_bytes;
     SlotGrant& g = out.grant;
-    g.slot = out.slot;
+    g.slot = slot->slot;
     g.model = model;
-    g.layout_kind = body.value("layout_kind", std::string());
-    g.record_fingerprint = body.value("record_fingerprint", std::string());
-    g.page_bytes = body.value("page_bytes", std::uint64_t{0});
-    g.resident_bytes = body.value("resident_bytes", std::uint64_t{0});
-    if (in->fds.size() == 1) {
-      auto text =
-          proto::read_document(in->fds[0].get(), body.value("layout_bytes", std::uint64_t{0}));
-      auto rows = text ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
-      if (rows.is_array()) {
-        for (const auto& r : rows) {
-          if (!r.is_array() || r.size() < 4 || !r[1].is_string()) continue;
-          g.pieces.push_back(SlotPiece{r[0].get<std::uint64_t>(), r[1].get<std::string>(),
-                                       r[2].get<std::uint64_t>(), r[3].get<std::uint64_t>()});
+    g.layout_kind = std::string(proto::to_string(slot->layout_kind));
+    g.record_fingerprint = slot->record_fingerprint;
+    g.page_bytes = slot->page_bytes;
+    g.resident_bytes = slot->resident_bytes;
+    // A layout that does not read leaves the grant without pieces: the injector then copies
+    // nothing from the slot (every copy is the driver's), which is slower, never wrong.
+    std::vector<proto::LayoutRow> rows;
+    auto text = proto::read_document(slot->layout.get(), slot->layout_bytes);
+    std::string why = text ? proto::decode_slot_layout(*text, rows) : text.error();
+    if (!why.empty()) notice_once("slot-layout", "slot " + g.slot + ": layout unusable: " + why);
+    for (auto& r : rows) {
+      g.pieces.push_back(SlotPiece{r.slot_offset, std::move(r.file), r.file_offset, r.bytes});
+    }
+    for (std::uint32_t i = 0; i < slot->page_messages; ++i) {
+      auto in_pages = proto::receive(fd_.get());
+      if (!in_pages) return drop_locked(in_pages.error().message);
+      auto* pages = std::get_if<proto::SlotPages>(&in_pages->message);
+      if (pages == nullptr) {
+        return drop_locked(fmt::format("{} where slot_pages were due",
+                                       proto::to_string(proto::type_of(in_pages->message))));
+      }
+      for (std::size_t k = 0; k < pages->offsets.size(); ++k) {
+        // A page not at a page boundary, or twice, is not one the injector can map: its
+        // descriptor is closed and the slot's bytes there are copied from the file instead.
+        if (pages->offsets[k] % g.page_bytes != 0 || g.pages.contains(pages->offsets[k])) {
+          notice_once("slot-page", fmt::format("slot {}: page at {:#x} ignored (misaligned or "
+                                               "repeated)",
+                                               g.slot, pages->offsets[k]));
+          continue;
         }
+        g.pages[pages->offsets[k]] = std::move(pages->pages[k]);
       }
     }
-    const std::uint64_t token = body.value("token", std::uint64_t{0});
-    for (std::uint64_t i = 0, n = body.value("page_messages", std::uint64_t{0}); i < n; ++i) {
-      auto pages = proto::receive_message(fd_.get());
-      if (!pages) return drop_locked(pages.error().message);
-      const nlohmann::json list = pages->message.body.value("pages", nlohmann::json::array());
-      for (std::size_t k = 0; k < list.size() && k < pages->fds.size(); ++k) {
-        g.pages[list[k].value("slot_offset", std::uint64_t{0})] = std::move(pages->fds[k]);
-      }
-    }
-    proto::Message imported;
-    imported.type = proto::MessageType::imported;
-    imported.request_id = ++next_id_;
-    imported.body = {{"slot", out.slot}, {"token", token}};
-    if (auto sent = proto::send_message(fd_.get(), imported); !sent)
-      return drop_locked(sent.error());
-    auto ok = proto::receive_message(fd_.get());
-    if (!ok) return drop_locked(ok.error().message);
+    auto ok = exchange_locked(proto::Imported{out.slot, slot->token});
+    if (!ok) return std::nullopt;
+    (void)reply_as<proto::Ok>(*ok, proto::MessageType::imported);
     return out;
   }
 
@@ -120,10 +131,30 @@ class Connection {
   }
 
  private:
+  // One request and its reply, connecting first if need be. nullopt: no thawd (then the
+  // connection is dropped and not retried).
+  std::optional<proto::Envelope> exchange_locked(const proto::ShimMessage& m) {
+    if (!connect_locked()) return std::nullopt;
+    // A message the codec refuses (a field out of its rules) is this request's problem, not
+    // the connection's: it stays.
+    std::vector<std::byte> bytes;
+    std::vector<int> fds;
+    if (auto bad = proto::encode_message(++next_id_, m, bytes, fds); !bad.empty()) {
+      debug("not sent to thawd: {}", bad);
+      return std::nullopt;
+    }
+    if (auto sent = proto::send_packet(fd_.get(), bytes, fds); !sent) {
+      return drop_locked(sent.error());
+    }
+    auto in = proto::receive(fd_.get());
+    if (!in) return drop_locked(in.error().message);
+    return std::move(*in);
+  }
+
   bool connect_locked() {
     if (fd_) return true;
     if (given_up_) return false;
-    const std::string path = socket_path();
+    const std::string& path = socket_path();
     auto fd = proto::connect_seqpacket(path);
     if (!fd) {
       given_up_ = true;
@@ -133,17 +164,20 @@ class Connection {
       return false;
     }
     fd_ = std::move(*fd);
-    proto::Message hello;
-    hello.type = proto::MessageType::hello;
-    hello.request_id = ++next_id_;
-    hello.body = {{"client", "thaw-preload"}, {"engine", engine_name()}, {"pid", ::getpid()}};
-    // (the engine's fingerprint goes with each artifact, not here)
-    auto sent = proto::send_message(fd_.get(), hello);
-    auto reply = sent ? proto::receive_message(fd_.get())
+    // (the engine's fingerprint goes with each artifact, not here; thawd knows the pid
+    // from the socket's credentials)
+    std::string engine = engine_name().substr(0, proto::kMaxNameBytes);
+    for (char& c : engine)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    auto sent = proto::send(fd_.get(), ++next_id_, proto::Hello{"thaw-preload", engine});
+    auto reply = sent ? proto::receive(fd_.get())
                       : std::unexpected(proto::ReceiveError{proto::ReceiveErrc::io, sent.error()});
-    if (!reply || reply->message.type != proto::MessageType::hello_ok) {
-      const std::string why = !reply ? reply.error().message
-                                     : reply->message.body.value("message", std::string("refused"));
+    const auto* ok = reply ? std::get_if<proto::HelloOk>(&reply->message) : nullptr;
+    if (ok == nullptr) {
+      const auto* error = reply ? std::get_if<proto::Error>(&reply->message) : nullptr;
+      const std::string why = !reply             ? reply.error().message
+                              : error != nullptr ? error->message
+                                                 : "refused";
       fd_.reset();
       given_up_ = true;
       notice_once("thawd-hello", fmt::format("thawd at {} did not accept the shim ({}); going on "
@@ -151,7 +185,8 @@ class Connection {
                                              path, why));
       return false;
     }
-    debug("connected to thawd at {} (protocol {})", path, reply->message.body.value("protocol", 0));
+    debug("connected to thawd {} on node {} at {} (protocol {})", ok->version, ok->node_id, path,
+          ok->protocol);
     return true;
   }
 
@@ -168,90 +203,121 @@ class Connection {
   std::uint32_t next_id_ = 0;
 };
 
+// The identity of an artifact as the recorder keys it ({engine, model, gpu, driver}); nullopt
+// when a field is missing or not a string (the caller's bug: logged).
+std::optional<proto::ArtifactIdentity> artifact_identity(const nlohmann::json& identity) {
+  proto::ArtifactIdentity out;
+  for (auto [name, field] : {std::pair{"engine", &out.engine}, std::pair{"model", &out.model},
+                             std::pair{"gpu", &out.gpu}, std::pair{"driver", &out.driver}}) {
+    auto it = identity.find(name);
+    if (it == identity.end() || !it->is_string()) {
+      debug("artifact identity without a string {}: {}", name, identity.dump());
+      return std::nullopt;
+    }
+    *field = it->get<std::string>();
+  }
+  return out;
+}
+
+std::optional<proto::ArtifactKind> artifact_kind(const std::string& kind) {
+  if (kind == proto::to_string(proto::ArtifactKind::layout)) return proto::ArtifactKind::layout;
+  debug("no artifact kind {} in protocol {}", kind, proto::kProtocolVersion);
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<UniqueFd> daemon_readiness_fd(const std::string& model_key,
-                                            const std::string& relative_path) {
-  proto::Message m;
-  m.type = proto::MessageType::open_file;
-  m.body = {{"model", model_key}, {"path", relative_path}};
-  auto reply = Connection::get().request(std::move(m));
-  if (!reply) return std::nullopt;
-  if (reply->message.type != proto::MessageType::file || reply->fds.size() != 2) {
-    debug("thawd has no {} of {}: {}", relative_path, model_key, reply->message.body.dump());
-    return std::nullopt;
+                                            const std::string& relative_path,
+                                            const std::string& opened_path) {
+  auto file = Connection::get().call<proto::File>(proto::OpenFile{model_key, relative_path});
+  if (!file) return std::nullopt;
+  if (!opened_path.empty()) {
+    // The readiness map describes thawd's file: only worth anything if the engine opened
+    // that same file (not, say, a copy of the cache elsewhere).
+    struct stat ours {
+    }, thawds{};
+    if (::stat(opened_path.c_str(), &ours) != 0 || ::fstat(file->data.get(), &thawds) != 0 ||
+        ours.st_dev != thawds.st_dev || ours.st_ino != thawds.st_ino) {
+      debug("thawd's {} of {} is not the file at {}: using the cache's own readiness map",
+            relative_path, model_key, opened_path);
+      return std::nullopt;
+    }
   }
-  return std::move(reply->fds[1]);
+  return std::move(file->readiness);
 }
-
-namespace {
-
-// The reply to `m`, when it is of type `want`; other replies are logged (an error names
-// what thawd did not like) and give nullopt.
-std::optional<proto::Received> expect_reply(proto::Message m, proto::MessageType want,
-                                            const std::vector<int>& fds = {}) {
-  const proto::MessageType sent = m.type;
-  auto reply = Connection::get().request(std::move(m), fds);
-  if (!reply) return std::nullopt;
-  if (reply->message.type != want) {
-    debug("thawd answered {} with {}: {}", proto::to_string(sent),
-          proto::to_string(reply->message.type), reply->message.body.dump());
-    return std::nullopt;
-  }
-  return reply;
-}
-
-}  // namespace
 
 std::optional<std::string> daemon_get_artifact(const std::string& kind,
                                                const nlohmann::json& identity) {
-  proto::Message m;
-  m.type = proto::MessageType::get_artifact;
-  m.body = {{"kind", kind}, {"identity", identity}};
-  auto reply = expect_reply(std::move(m), proto::MessageType::artifact);
-  if (!reply || reply->fds.size() != 1) return std::nullopt;
-  const std::uint64_t bytes = reply->message.body.value("bytes", std::uint64_t{0});
-  auto text = proto::read_document(reply->fds[0].get(), bytes);
-  if (!text) return std::nullopt;
+  auto k = artifact_kind(kind);
+  auto id = artifact_identity(identity);
+  if (!k || !id) return std::nullopt;
+  auto reply = Connection::get().call<proto::Artifact>(proto::GetArtifact{*k, std::move(*id)});
+  if (!reply) return std::nullopt;
+  auto text = proto::read_document(reply->document.get(), reply->bytes);
+  if (!text) {
+    debug("thawd's {} artifact could not be read: {}", kind, text.error());
+    return std::nullopt;
+  }
   return std::move(*text);
 }
 
 bool daemon_report_artifact(const std::string& kind, const nlohmann::json& identity,
                             const std::string& document) {
+  auto k = artifact_kind(kind);
+  auto id = artifact_identity(identity);
+  if (!k || !id) return false;
   auto memfd = proto::document_memfd("thaw-artifact", document);
   if (!memfd) return false;
-  proto::Message m;
-  m.type = proto::MessageType::report_artifact;
-  m.body = {{"kind", kind}, {"identity", identity}, {"bytes", document.size()}};
-  return expect_reply(std::move(m), proto::MessageType::ok, {memfd->get()}).has_value();
+  proto::ReportArtifact m{*k, std::move(*id), document.size(), std::move(*memfd)};
+  return Connection::get().call<proto::Ok>(std::move(m)).has_value();
+}
+
+void daemon_report_counters(const proto::EngineCounters& counters) {
+  if (!Connection::get().connected()) return;
+  // Bounded on the wire (kMaxCounter); a total past that is reported as the bound.
+  proto::EngineCounters c = counters;
+  for (std::uint64_t* v :
+       {&c.calls_intercepted, &c.deterministic_allocations, &c.layout_divergences,
+        &c.files_streamed, &c.reads_waited, &c.bytes_streamed}) {
+    *v = std::min(*v, proto::kMaxCounter);
+  }
+  (void)Connection::get().call<proto::Ok>(proto::ReportCounters{c});
 }
 
 void daemon_report_counters(const nlohmann::json& counters) {
-  if (!Connection::get().connected()) return;
-  proto::Message m;
-  m.type = proto::MessageType::report_counters;
-  m.body = {{"counters", counters}};
-  (void)expect_reply(std::move(m), proto::MessageType::ok);
+  proto::EngineCounters c;
+  for (auto [name, field] :
+       {std::pair{"calls_intercepted", &c.calls_intercepted},
+        std::pair{"deterministic_allocations", &c.deterministic_allocations},
+        std::pair{"layout_divergences", &c.layout_divergences},
+        std::pair{"files_streamed", &c.files_streamed}, std::pair{"reads_waited", &c.reads_waited},
+        std::pair{"bytes_streamed", &c.bytes_streamed}}) {
+    auto it = counters.find(name);
+    if (it != counters.end() && it->is_number_unsigned()) *field = it->get<std::uint64_t>();
+  }
+  daemon_report_counters(c);
 }
 
 std::optional<std::uint64_t> daemon_export_ipc(int fd, std::uint64_t bytes) {
-  proto::Message m;
-  m.type = proto::MessageType::export_ipc;
-  m.body = {{"bytes", bytes}};
-  auto reply = expect_reply(std::move(m), proto::MessageType::ok, {fd});
+  // Sent with a duplicate: the message owns what it carries, the caller keeps `fd`.
+  proto::ExportIpc m{bytes, UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))};
+  if (!m.handle) return std::nullopt;
+  auto reply = Connection::get().call<proto::IpcExported>(std::move(m));
   if (!reply) return std::nullopt;
-  auto token = reply->message.body.find("token");
-  if (token == reply->message.body.end() || !token->is_number_unsigned()) return std::nullopt;
-  return token->get<std::uint64_t>();
+  return reply->token;
 }
 
-std::optional<UniqueFd> daemon_import_ipc(std::uint64_t token) {
-  proto::Message m;
-  m.type = proto::MessageType::import_ipc;
-  m.body = {{"token", token}};
-  auto reply = expect_reply(std::move(m), proto::MessageType::ipc);
-  if (!reply || reply->fds.size() != 1) return std::nullopt;
-  return std::move(reply->fds[0]);
+std::optional<UniqueFd> daemon_import_ipc(std::uint64_t token, std::uint64_t bytes) {
+  auto reply = Connection::get().call<proto::Ipc>(proto::ImportIpc{token});
+  if (!reply) return std::nullopt;
+  if (bytes != 0 && reply->bytes != bytes) {
+    // The token names another export than the handle describes: mapping it would map the
+    // wrong memory, or past its end.
+    debug("thawd's IPC export {:#x} is {} bytes; the handle says {}", token, reply->bytes, bytes);
+    return std::nullopt;
+  }
+  return std::move(reply->handle);
 }
 
 std::optional<AttachedSlot> daemon_attach_slot(const std::string& model) {
@@ -259,14 +325,9 @@ std::optional<AttachedSlot> daemon_attach_slot(const std::string& model) {
 }
 
 std::optional<std::uint64_t> daemon_lease_memory(const std::string& gpu_uuid) {
-  proto::Message m;
-  m.type = proto::MessageType::lease_memory;
-  m.body = {{"gpu_uuid", gpu_uuid}};
-  auto reply = expect_reply(std::move(m), proto::MessageType::ok);
+  auto reply = Connection::get().call<proto::MemoryLease>(proto::LeaseMemory{gpu_uuid});
   if (!reply) return std::nullopt;
-  auto bytes = reply->message.body.find("budget_bytes");
-  if (bytes == reply->message.body.end() || !bytes->is_number_unsigned()) return std::nullopt;
-  return bytes->get<std::uint64_t>();
+  return reply->budget_bytes;
 }
 
 void daemon_after_fork_in_child() {
@@ -274,18 +335,18 @@ void daemon_after_fork_in_child() {
 }
 
 void daemon_free_pages(const std::string& slot, const std::vector<std::uint64_t>& offsets) {
-  proto::Message m;
-  m.type = proto::MessageType::free_pages;
-  m.body = {{"slot", slot}, {"offsets", offsets}};
-  (void)expect_reply(std::move(m), proto::MessageType::ok);
+  // In messages of at most kMaxFreePagesPerMessage offsets, which always fit one packet.
+  for (std::size_t at = 0; at < offsets.size(); at += proto::kMaxFreePagesPerMessage) {
+    const std::size_t end = std::min(offsets.size(), at + proto::kMaxFreePagesPerMessage);
+    proto::FreePages m{slot,
+                       std::vector<std::uint64_t>(offsets.begin() + at, offsets.begin() + end)};
+    if (!Connection::get().call<proto::Ok>(std::move(m))) return;
+  }
 }
 
 void daemon_release_slot(const std::string& slot, bool handback) {
   if (!Connection::get().connected()) return;
-  proto::Message m;
-  m.type = proto::MessageType::release;
-  m.body = {{"slot", slot}, {"handback", handback}};
-  (void)expect_reply(std::move(m), proto::MessageType::ok);
+  (void)Connection::get().call<proto::Ok>(proto::Release{slot, handback});
 }
 
 }  // namespace thaw::preload

@@ -15,17 +15,21 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fd/unique_fd.hpp"
+#include "common/proto/shim_messages.hpp"
 #include "preload/inject/weight_injector.hpp"
 
 namespace thaw::preload {
 
 // The readiness map of a cached model file, from thawd (open_file). nullopt when thawd
-// is not there or does not know the file.
+// is not there or does not know the file, or — given `opened_path`, the file the engine
+// opened — when thawd's file is not that one (same device and inode), so that its map would
+// describe other bytes.
 std::optional<UniqueFd> daemon_readiness_fd(const std::string& model_key,
-                                            const std::string& relative_path);
+                                            const std::string& relative_path,
+                                            const std::string& opened_path = {});
 
-// The artifact of `kind` recorded for `identity` ({engine, model, gpu, driver}), as text;
-// nullopt when there is none (or no thawd).
+// The artifact of `kind` ("layout") recorded for `identity` ({engine, model, gpu, driver},
+// strings), as text; nullopt when there is none (or no thawd).
 std::optional<std::string> daemon_get_artifact(const std::string& kind,
                                                const nlohmann::json& identity);
 // Stores an artifact (sent as a memfd: records can exceed a message). false: not stored.
@@ -33,12 +37,16 @@ bool daemon_report_artifact(const std::string& kind, const nlohmann::json& ident
                             const std::string& document);
 // Reports the shim's counters — only over a connection already open (never connects at
 // exit just for this).
+void daemon_report_counters(const proto::EngineCounters& counters);
+// The same from {name: n} (the names of EngineCounters' fields; others are ignored), for
+// callers not yet using the struct.
 void daemon_report_counters(const nlohmann::json& counters);
 
 // CUDA IPC through thawd: hands over a VMM handle's descriptor, gets the token a handle
-// carries; and the other way round. nullopt: no thawd, or it refused (logged).
+// carries; and the other way round (`bytes`, when not 0: the size the handle names, which
+// thawd's export must have). nullopt: no thawd, or it refused (logged). The caller keeps `fd`.
 std::optional<std::uint64_t> daemon_export_ipc(int fd, std::uint64_t bytes);
-std::optional<UniqueFd> daemon_import_ipc(std::uint64_t token);
+std::optional<UniqueFd> daemon_import_ipc(std::uint64_t token, std::uint64_t bytes = 0);
 
 // Attaches this engine to a prewarmed slot of `model` (attach_slot, its page messages, then
 // `imported`): thawd then counts the slot's pages as the engine's until it releases them or
@@ -61,7 +69,8 @@ std::optional<std::uint64_t> daemon_lease_memory(const std::string& gpu_uuid);
 // (without a word on it) and connects afresh when it needs thawd.
 void daemon_after_fork_in_child();
 
-// Weight injection's copy mode is done with these pages of `slot` (offsets from its base).
+// Weight injection's copy mode is done with these pages of `slot` (offsets from its base;
+// sent in messages of at most proto::kMaxFreePagesPerMessage).
 void daemon_free_pages(const std::string& slot, const std::vector<std::uint64_t>& offsets);
 // Ends this engine's hold on `slot`; `handback`: it exits normally and the slot's pages
 // still hold the model, so thawd may keep it prewarmed.

@@ -106,7 +106,7 @@ TEST_F(ThawdFixture, ShimClientReadsAFileWhileItIsBeingFetched) {
   ShimClient client(socket_path());
   const Message hello = client.hello();
   ASSERT_EQ(hello.type, MessageType::hello_ok) << hello.body.dump();
-  EXPECT_EQ(hello.body["protocol"], 1);
+  EXPECT_EQ(hello.body["protocol"], thaw::proto::kProtocolVersion);
 
   const std::string shard = last_shard(registry_->model_dir());
   std::optional<thaw::proto::Received> file;
@@ -182,7 +182,8 @@ TEST_F(ThawdFixture, BadShimMessagesCloseOnlyTheirOwnConnection) {
   ASSERT_TRUE(thaw::proto::send_message(future.fd(), m));
   auto answer = future.receive();
   EXPECT_EQ(answer.message.type, MessageType::error);
-  EXPECT_NE(answer.message.body["message"].get<std::string>().find("thawd speaks version 1"),
+  EXPECT_NE(answer.message.body["message"].get<std::string>().find(
+                "thawd speaks version " + std::to_string(thaw::proto::kProtocolVersion)),
             std::string::npos);
   EXPECT_TRUE(future.closed_by_thawd());
 
