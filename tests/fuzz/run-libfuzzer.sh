@@ -4,6 +4,8 @@
 #   safetensors_fuzz      the safetensors header and index parsers (common/safetensors core)
 #   cluster_message_fuzz  the cluster control plane's decode-and-validate core
 #                         (common/proto/cluster/cluster_codec_core)
+#   shim_message_fuzz     the shim socket's codec (common/proto/shim_messages): what thawd
+#                         decodes from any local user
 #
 #   tests/fuzz/run-libfuzzer.sh [seconds (default 60)] [extra libFuzzer flags...]
 #
@@ -14,18 +16,20 @@
 # ASan + UBSan + libFuzzer, seeds a working corpus per target -- build/fuzz/corpus from
 # tests/fuzz/corpus/module_image and the images nvcc builds from tests/emu/testdata;
 # build/fuzz/corpus-safetensors from tests/fuzz/corpus/safetensors and the shared tiny GPT-2;
-# build/fuzz/corpus-cluster from tests/fuzz/corpus/cluster -- and fuzzes. New interesting
-# inputs stay in the working corpora; a crash is written to build/fuzz/artifacts/ (safetensors
-# ones prefixed "safetensors-", cluster ones "cluster-") and the script exits non-zero after
-# all the runs. Reproduce one with
+# build/fuzz/corpus-cluster from tests/fuzz/corpus/cluster; build/fuzz/corpus-shim from
+# tests/fuzz/corpus/shim -- and fuzzes. New interesting inputs stay in the working corpora; a
+# crash is written to build/fuzz/artifacts/ (safetensors ones prefixed "safetensors-", cluster
+# ones "cluster-", shim ones "shim-") and the script exits non-zero after all the runs.
+# Reproduce one with
 #   build/fuzz/module_image_fuzz build/fuzz/artifacts/crash-...
 #   build/fuzz/safetensors_fuzz build/fuzz/artifacts/safetensors-crash-...
 #   build/fuzz/cluster_message_fuzz build/fuzz/artifacts/cluster-crash-...
+#   build/fuzz/shim_message_fuzz build/fuzz/artifacts/shim-crash-...
 # or with the g++ build: build/default/tests/fuzz/<target>_replay --mutations 0 <file>.
 #
 # Environment: CXX (default: clang++-14 if present, else clang++), JOBS (build jobs, default 2),
 # FUZZ_JOBS (parallel fuzzing processes, default 1), FUZZ_TARGETS (default
-# "module_image safetensors cluster": which to run; one alone gets all the seconds).
+# "module_image safetensors cluster shim": which to run; one alone gets all the seconds).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -44,22 +48,24 @@ fi
 
 cmake -S "$root/tests/fuzz" -B "$build" -G Ninja \
   -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTHAW_BUILD_FUZZERS=ON >/dev/null
-read -r -a targets <<<"${FUZZ_TARGETS:-module_image safetensors cluster}"
+read -r -a targets <<<"${FUZZ_TARGETS:-module_image safetensors cluster shim}"
 build_targets=()
 for t in "${targets[@]}"; do
   case "$t" in
     module_image) build_targets+=(module_image_fuzz thaw_module_testdata) ;;
     safetensors) build_targets+=(safetensors_fuzz) ;;
     cluster) build_targets+=(cluster_message_fuzz) ;;
+    shim) build_targets+=(shim_message_fuzz) ;;
     *)
-      echo "run-libfuzzer.sh: unknown fuzz target '$t' (module_image, safetensors, cluster)" >&2
+      echo "run-libfuzzer.sh: unknown fuzz target '$t' (module_image, safetensors, cluster, shim)" >&2
       exit 2
       ;;
   esac
 done
 cmake --build "$build" -j "${JOBS:-2}" --target "${build_targets[@]}"
 
-mkdir -p "$build/corpus" "$build/corpus-safetensors" "$build/corpus-cluster" "$build/artifacts"
+mkdir -p "$build/corpus" "$build/corpus-safetensors" "$build/corpus-cluster" "$build/corpus-shim" \
+  "$build/artifacts"
 cp -n "$root/tests/fuzz/corpus/module_image/"* "$build/corpus/" 2>/dev/null || true
 for f in "$build/testdata/images/"*; do
   [[ "$f" == *.d ]] || cp -n "$f" "$build/corpus/" 2>/dev/null || true
@@ -71,6 +77,7 @@ if [[ -f "$tiny_gpt2" ]]; then
 fi
 chmod -R u+w "$build/corpus-safetensors"  # the shared copy is read-only; libFuzzer adds files
 cp -n "$root/tests/fuzz/corpus/cluster/"* "$build/corpus-cluster/" 2>/dev/null || true
+cp -n "$root/tests/fuzz/corpus/shim/"* "$build/corpus-shim/" 2>/dev/null || true
 
 parallel=()
 if [[ "${FUZZ_JOBS:-1}" -gt 1 ]]; then  # libFuzzer then logs to fuzz-<n>.log in build/fuzz
@@ -107,6 +114,12 @@ for t in "${targets[@]}"; do
       ./cluster_message_fuzz -max_total_time="${share[$t]}" -max_len=16384 -timeout=10 \
         -rss_limit_mb=4096 -artifact_prefix="$build/artifacts/cluster-" -print_final_stats=1 \
         "${parallel[@]}" "$@" "$build/corpus-cluster" || status=$?
+      ;;
+    shim)
+      echo "run-libfuzzer.sh: shim_message_fuzz for ${share[$t]}s (corpus $build/corpus-shim)"
+      ./shim_message_fuzz -max_total_time="${share[$t]}" -max_len=65552 -timeout=10 \
+        -rss_limit_mb=4096 -artifact_prefix="$build/artifacts/shim-" -print_final_stats=1 \
+        "${parallel[@]}" "$@" "$build/corpus-shim" || status=$?
       ;;
   esac
 done
