@@ -97,7 +97,8 @@ CUresult export_allocation(const LayoutAllocation& a, CUipcMemHandle* out) {
 // The exported memory's descriptor in this process, or -1.
 int descriptor_of(const ThawIpcHandle& h) {
   if (h.carrier == Carrier::thawd) {
-    auto fd = daemon_import_ipc(h.token);
+    // The export must be the size the handle names, or the token names other memory.
+    auto fd = daemon_import_ipc(h.token, h.mapped);
     return fd ? fd->release() : -1;
   }
   const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, h.pid, 0));
