@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "preload/hooks/capture_hooks.hpp"
 #include "preload/interpose/hook_table.hpp"
 #include "preload/interpose/real_driver.hpp"
 #include "preload/runtime/shim_runtime.hpp"
@@ -35,6 +36,20 @@ void fix_attribute(CUpointer_attribute attribute, void* data, const LayoutAlloca
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
       if (!a.reservation) *static_cast<unsigned long long*>(data) = 0;
       break;
+    // VMM memory belongs to no context; cuMemAlloc memory to the one it was allocated in.
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      if (!a.reservation && a.ctx != nullptr) *static_cast<CUcontext*>(data) = a.ctx;
+      break;
+    // The mapping of cuMemAlloc memory is the allocation itself, not the layout's mapping
+    // rounded up to the granularity (or a run of it, where slot pages back part of it).
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+      if (auto* v = static_cast<void**>(data); *v != nullptr && !a.reservation) {
+        *v = reinterpret_cast<void*>(a.base);
+      }
+      break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+      if (auto* v = static_cast<size_t*>(data); *v != 0 && !a.reservation) *v = a.size;
+      break;
     default:
       break;
   }
@@ -52,6 +67,15 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
     return driver_fn(dptr, bytesize);
   }
   ReentryGuard guard;
+  // A stream capture that forbids this thread to allocate: the driver answers, before it
+  // would look at memory — it refuses (STREAM_CAPTURE_UNSUPPORTED) and invalidates the
+  // capture, which the layout's VMM calls would not. Should it allocate after all (a
+  // capture ended unseen), the memory is the driver's: correct, only not in the layout.
+  if (capture_restricts_unsafe_calls()) {
+    const CUresult r = driver_fn(dptr, bytesize);
+    if (r == CUDA_SUCCESS) runtime().engine_memory().note_alloc(*dptr, 0, bytesize);
+    return r;
+  }
   runtime().lease_pool_memory_once();
   // An engine attached to a slot allocates within the budget thawd granted it: past it the
   // answer is OUT_OF_MEMORY at once, as the driver's would be on a device of that size.
@@ -102,7 +126,16 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
   ReentryGuard guard;
   counters().calls_intercepted.fetch_add(1, std::memory_order_relaxed);
   std::optional<CUresult> r;
-  if (DeterministicLayout* layout = runtime().layout()) r = layout->free(dptr);
+  DeterministicLayout* layout = runtime().layout();
+  // Freeing is as unsafe as allocating during a restricting capture: the driver refuses it
+  // (and invalidates the capture) before it looks the pointer up.
+  if (layout != nullptr && capture_restricts_unsafe_calls() && layout->find(dptr)) {
+    if (const CUresult refused = driver_fn(dptr);
+        refused == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+      return refused;
+    }
+  }
+  if (layout != nullptr) r = layout->free(dptr);
   if (!r) r = driver_fn(dptr);
   if (*r == CUDA_SUCCESS) runtime().engine_memory().note_free(dptr);
   return *r;

@@ -7,6 +7,11 @@
 
 #include "preload/interpose/real_driver.hpp"
 
+// cuda.h maps these names to other variants; the table names each variant as exported.
+#undef cuStreamBeginCapture
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
+
 // The hooks (preload/hooks/*.cpp), exported under the driver's names.
 extern "C" {
 CUresult cuMemAlloc_v2(CUdeviceptr*, size_t);
@@ -32,6 +37,21 @@ CUresult cuMemUnmap(CUdeviceptr, size_t);
 CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
 CUresult cuMemGetAccess(unsigned long long*, const CUmemLocation*, CUdeviceptr);
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle*, void*);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuDevicePrimaryCtxRelease(CUdevice);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+CUresult cuDevicePrimaryCtxReset(CUdevice);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
+CUresult cuStreamBeginCapture(CUstream);
+CUresult cuStreamBeginCapture_ptsz(CUstream);
+CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream, CUstreamCaptureMode);
+CUresult cuStreamBeginCaptureToGraph(CUstream, CUgraph, const CUgraphNode*, const CUgraphEdgeData*,
+                                     size_t, CUstreamCaptureMode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream, CUgraph, const CUgraphNode*,
+                                          const CUgraphEdgeData*, size_t, CUstreamCaptureMode);
+CUresult cuStreamEndCapture(CUstream, CUgraph*);
+CUresult cuStreamEndCapture_ptsz(CUstream, CUgraph*);
 }
 
 namespace thaw::preload {
@@ -62,6 +82,25 @@ std::array<HookEntry, static_cast<std::size_t>(Hook::count)>& table() {
       {"cuMemSetAccess", reinterpret_cast<void*>(&::cuMemSetAccess), {}},
       {"cuMemGetAccess", reinterpret_cast<void*>(&::cuMemGetAccess), {}},
       {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&::cuMemRetainAllocationHandle), {}},
+      {"cuCtxDestroy_v2", reinterpret_cast<void*>(&::cuCtxDestroy_v2), {}},
+      {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&::cuDevicePrimaryCtxRelease), {}},
+      {"cuDevicePrimaryCtxRelease_v2",
+       reinterpret_cast<void*>(&::cuDevicePrimaryCtxRelease_v2),
+       {}},
+      {"cuDevicePrimaryCtxReset", reinterpret_cast<void*>(&::cuDevicePrimaryCtxReset), {}},
+      {"cuDevicePrimaryCtxReset_v2", reinterpret_cast<void*>(&::cuDevicePrimaryCtxReset_v2), {}},
+      {"cuStreamBeginCapture", reinterpret_cast<void*>(&::cuStreamBeginCapture), {}},
+      {"cuStreamBeginCapture_ptsz", reinterpret_cast<void*>(&::cuStreamBeginCapture_ptsz), {}},
+      {"cuStreamBeginCapture_v2", reinterpret_cast<void*>(&::cuStreamBeginCapture_v2), {}},
+      {"cuStreamBeginCapture_v2_ptsz",
+       reinterpret_cast<void*>(&::cuStreamBeginCapture_v2_ptsz),
+       {}},
+      {"cuStreamBeginCaptureToGraph", reinterpret_cast<void*>(&::cuStreamBeginCaptureToGraph), {}},
+      {"cuStreamBeginCaptureToGraph_ptsz",
+       reinterpret_cast<void*>(&::cuStreamBeginCaptureToGraph_ptsz),
+       {}},
+      {"cuStreamEndCapture", reinterpret_cast<void*>(&::cuStreamEndCapture), {}},
+      {"cuStreamEndCapture_ptsz", reinterpret_cast<void*>(&::cuStreamEndCapture_ptsz), {}},
   }};
   return t;
 }

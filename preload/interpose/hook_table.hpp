@@ -38,6 +38,19 @@ enum class Hook : std::size_t {
   mem_set_access,
   mem_get_access,
   mem_retain_allocation_handle,
+  ctx_destroy,
+  primary_ctx_release,
+  primary_ctx_release_v2,
+  primary_ctx_reset,
+  primary_ctx_reset_v2,
+  stream_begin_capture,
+  stream_begin_capture_ptsz,
+  stream_begin_capture_v2,
+  stream_begin_capture_v2_ptsz,
+  stream_begin_capture_to_graph,
+  stream_begin_capture_to_graph_ptsz,
+  stream_end_capture,
+  stream_end_capture_ptsz,
   count
 };
 

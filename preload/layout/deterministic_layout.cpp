@@ -76,6 +76,10 @@ std::optional<CUresult> DeterministicLayout::allocate(CUdeviceptr* out, std::siz
   if (out == nullptr || size == 0) return std::nullopt;  // the driver's own error
   CUdevice device = 0;
   if (driver_.ctx_get_device(&device) != CUDA_SUCCESS) return std::nullopt;
+  CUcontext ctx = nullptr;
+  if (driver_.ctx_get_current != nullptr && driver_.ctx_get_current(&ctx) != CUDA_SUCCESS) {
+    ctx = nullptr;
+  }
   std::lock_guard lock(mutex_);
   if (stopped_ || !ensure_region_locked(device)) return std::nullopt;
   // More than the device could ever hold: the driver's OUT_OF_MEMORY (rounding it up would
@@ -96,7 +100,7 @@ std::optional<CUresult> DeterministicLayout::allocate(CUdeviceptr* out, std::siz
   bool backed = false;
   if (CUresult r = map_locked(va, mapped, device, backed); r != CUDA_SUCCESS) return r;
   cursor_ += mapped;
-  live_[va] = LayoutAllocation{next_index_++, va, size, mapped, device, false, backed};
+  live_[va] = LayoutAllocation{next_index_++, va, size, mapped, device, false, backed, ctx};
   if (observer_ != nullptr) observer_->served(live_[va]);
   *out = va;
   return CUDA_SUCCESS;
@@ -162,6 +166,23 @@ std::optional<CUresult> DeterministicLayout::free(CUdeviceptr ptr) {
   }
   live_.erase(it);
   return CUDA_SUCCESS;
+}
+
+std::vector<LayoutAllocation> DeterministicLayout::free_context(CUcontext ctx) {
+  std::vector<LayoutAllocation> freed;
+  if (ctx == nullptr) return freed;
+  std::lock_guard lock(mutex_);
+  for (auto it = live_.begin(); it != live_.end();) {
+    const LayoutAllocation& a = it->second;
+    // An allocation whose unmap fails stays live (still mapped, still the caller's to free).
+    if (a.reservation || a.ctx != ctx || driver_.mem_unmap(a.base, a.mapped) != CUDA_SUCCESS) {
+      ++it;
+      continue;
+    }
+    freed.push_back(a);
+    it = live_.erase(it);
+  }
+  return freed;
 }
 
 std::optional<CUresult> DeterministicLayout::reserve(CUdeviceptr* out, std::size_t size,

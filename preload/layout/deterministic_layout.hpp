@@ -36,6 +36,8 @@ namespace thaw::preload {
 
 struct LayoutDriver {
   CUresult (*ctx_get_device)(CUdevice*) = nullptr;
+  // Optional: without it allocations record no context (LayoutAllocation::ctx stays null).
+  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
   CUresult (*device_total_mem)(size_t*, CUdevice) = nullptr;
   CUresult (*mem_get_allocation_granularity)(size_t*, const CUmemAllocationProp*,
                                              CUmemAllocationGranularity_flags) = nullptr;
@@ -93,6 +95,10 @@ struct LayoutAllocation {
   bool reservation = false;
   // Some of its pages are a PageBacking's (a prewarm slot's), not fresh memory.
   bool backed = false;
+  // The context current when it was allocated: what the driver answers for the CONTEXT
+  // attribute of cuMemAlloc memory, and whose destruction frees it. Null for reservations
+  // (VMM memory belongs to no context).
+  CUcontext ctx = nullptr;
 };
 
 class DeterministicLayout {
@@ -104,6 +110,10 @@ class DeterministicLayout {
   std::optional<CUresult> allocate(CUdeviceptr* out, std::size_t size);
   // nullopt: `ptr` is not in the region (the driver's own allocation).
   std::optional<CUresult> free(CUdeviceptr ptr);
+  // The driver destroyed (or reset) `ctx`, which frees the cuMemAlloc memory allocated in
+  // it: the layout frees its allocations made in `ctx` the same way (their VA is not
+  // reused). Returns those freed. Reservations are VMM VA and stay.
+  std::vector<LayoutAllocation> free_context(CUcontext ctx);
   // A VA reservation of `size` bytes (a multiple of the granularity) aligned to `alignment`
   // (0: the granularity), next in the sequence. nullopt: not served here (the driver's).
   std::optional<CUresult> reserve(CUdeviceptr* out, std::size_t size, std::size_t alignment);

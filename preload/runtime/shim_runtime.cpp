@@ -67,6 +67,19 @@ void fork_child() {
   runtime().after_fork_in_child();
 }
 
+// The stream-capture table's own fork steps: its lock is a leaf (nothing is called under it,
+// no other lock is waited for while holding it), so it needs no place in the runtime's lock
+// order and is registered apart.
+void captures_fork_prepare() {
+  runtime().captures().before_fork();
+}
+void captures_fork_parent() {
+  runtime().captures().after_fork_in_parent();
+}
+void captures_fork_child() {
+  runtime().captures().after_fork_in_child();
+}
+
 }  // namespace
 
 ShimRuntime& runtime() {
@@ -89,6 +102,7 @@ ShimRuntime::ShimRuntime()
 
 void ShimRuntime::on_library_loaded() {
   ::pthread_atfork(&fork_prepare, &fork_parent, &fork_child);
+  ::pthread_atfork(&captures_fork_prepare, &captures_fork_parent, &captures_fork_child);
   // Runs after the engine's own exit handlers (registered later): the run is over then.
   std::atexit(&exiting);
   if (config_.disabled) {
@@ -219,6 +233,7 @@ DeterministicLayout* ShimRuntime::build_layout_locked() {
   if (DeterministicLayout* l = layout_.load()) return l;
   LayoutDriver d;
   resolve(d.ctx_get_device, "cuCtxGetDevice");
+  resolve(d.ctx_get_current, "cuCtxGetCurrent");
   resolve(d.device_total_mem, "cuDeviceTotalMem_v2");
   resolve(d.mem_get_allocation_granularity, "cuMemGetAllocationGranularity");
   resolve(d.mem_address_reserve, "cuMemAddressReserve");

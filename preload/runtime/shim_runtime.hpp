@@ -33,6 +33,7 @@
 #include "preload/runtime/engine_memory.hpp"
 #include "preload/runtime/ipc_tables.hpp"
 #include "preload/runtime/shim_config.hpp"
+#include "preload/runtime/stream_captures.hpp"
 #include "preload/shim/shim_state.hpp"
 
 namespace thaw::preload {
@@ -75,6 +76,7 @@ class ShimRuntime {
   ManagedFileTable& files() { return files_; }
   FileMappings& file_mappings() { return file_mappings_; }
   IpcTables& ipc() { return ipc_; }
+  StreamCaptures& captures() { return captures_; }
 
   // The engine's fingerprint: the program file (path, size, modification time) and
   // $THAW_ENGINE_ID when set (to tell apart engines one interpreter runs, e.g. "vllm-0.11").
@@ -111,6 +113,7 @@ class ShimRuntime {
   ManagedFileTable files_;
   FileMappings file_mappings_;
   IpcTables ipc_;
+  StreamCaptures captures_;
 };
 
 // The process's runtime.

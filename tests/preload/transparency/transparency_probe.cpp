@@ -14,6 +14,16 @@
 //       creates POSIX-fd-shareable memory, fills it and sends the descriptor (SCM_RIGHTS); the
 //       child imports it into its own reservation, reads the parent's bytes, writes its own;
 //       the parent reads them back.
+//   transparency_probe <libcuda.so.1> context-teardown
+//       cuMemAlloc memory and its context: the CONTEXT and mapping attributes; the memory of
+//       a created context after cuCtxDestroy, of the primary context after its last
+//       cuDevicePrimaryCtxRelease (and not after an earlier one), and after
+//       cuDevicePrimaryCtxReset: gone (attributes, cuMemFree, free memory) — the rest kept.
+//   transparency_probe <libcuda.so.1> capture
+//       "potentially unsafe" calls during stream captures: cuMemAlloc and cuMemFree refused
+//       by a GLOBAL capture (begun with the original modeless entry point, or on the
+//       per-thread default stream through the _ptsz variants) and the capture invalidated;
+//       allowed to a thread whose own mode is RELAXED; allowed again once the capture ended.
 #include <cuda.h>
 #include <dlfcn.h>
 #include <sys/socket.h>
@@ -36,11 +46,10 @@ using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
 GetProcAddress g_gpa = nullptr;
 
 template <typename Fn>
-Fn get(const char* name) {
+Fn get(const char* name, int version = 12080, cuuint64_t flags = CU_GET_PROC_ADDRESS_DEFAULT) {
   void* p = nullptr;
   CUdriverProcAddressQueryResult status{};
-  if (g_gpa(name, &p, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
-      p == nullptr) {
+  if (g_gpa(name, &p, version, flags, &status) != CUDA_SUCCESS || p == nullptr) {
     std::fprintf(stderr, "no %s\n", name);
     std::exit(3);
   }
@@ -363,11 +372,181 @@ int vmm_fork(const Driver& d) {
   return 0;
 }
 
+// --- context-teardown ---
+
+bool known(CUresult (*attribute)(void*, CUpointer_attribute, CUdeviceptr), CUdeviceptr p) {
+  unsigned type = 0;
+  return attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) == CUDA_SUCCESS;
+}
+
+int context_teardown(const Driver& d) {
+  auto attribute =
+      get<CUresult (*)(void*, CUpointer_attribute, CUdeviceptr)>("cuPointerGetAttribute");
+  auto mem_info = get<CUresult (*)(size_t*, size_t*)>("cuMemGetInfo");
+  auto ctx_create = get<CUresult (*)(CUcontext*, unsigned, CUdevice)>("cuCtxCreate", 11000);
+  auto ctx_destroy = get<CUresult (*)(CUcontext)>("cuCtxDestroy");
+  auto primary_release = get<CUresult (*)(CUdevice)>("cuDevicePrimaryCtxRelease");
+  auto primary_reset = get<CUresult (*)(CUdevice)>("cuDevicePrimaryCtxReset");
+  // The original (v1) release and reset, as code built against CUDA 10 finds them.
+  auto primary_release_v1 = get<CUresult (*)(CUdevice)>("cuDevicePrimaryCtxRelease", 10000);
+  auto primary_reset_v1 = get<CUresult (*)(CUdevice)>("cuDevicePrimaryCtxReset", 10000);
+  say("ctx", "init", init_context(d));
+  CUcontext primary = nullptr;
+  say("ctx", "retain", d.primary_retain(&primary, 0));  // held twice now
+  auto free_bytes = [&] {
+    size_t free = 0, total = 0;
+    return mem_info(&free, &total) == CUDA_SUCCESS ? free : 0;
+  };
+  const size_t free0 = free_bytes();
+
+  CUdeviceptr p = 0;
+  say("ctx", "alloc.primary", d.alloc(&p, 3 << 20));
+  CUcontext owner = nullptr;
+  say("ctx", "attr.context", attribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, p + 100));
+  say("ctx", "attr.context.primary", owner == primary);
+  void* mapping = nullptr;
+  say("ctx", "attr.mapping_base",
+      attribute(&mapping, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, p + 100));
+  say("ctx", "attr.mapping_base.is_alloc", mapping == reinterpret_cast<void*>(p));
+  size_t mapping_size = 0;
+  say("ctx", "attr.mapping_size", attribute(&mapping_size, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, p));
+  say("ctx", "attr.mapping_size.value", static_cast<long long>(mapping_size));
+
+  // A created context: its memory goes with it, the primary's stays.
+  CUcontext created = nullptr;
+  say("ctx", "create", ctx_create(&created, 0, 0));
+  const size_t free1 = free_bytes();
+  CUdeviceptr q = 0, q2 = 0;
+  say("ctx", "alloc.created", d.alloc(&q, 5 << 20));
+  say("ctx", "alloc.created.2", d.alloc(&q2, 4096));
+  say("ctx", "attr.context.created",
+      attribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, q) == CUDA_SUCCESS && owner == created);
+  say("ctx", "destroy", ctx_destroy(created));
+  say("ctx", "created.known", known(attribute, q));
+  say("ctx", "created.2.known", known(attribute, q2));
+  say("ctx", "created.free", d.free(q));
+  say("ctx", "primary.known", known(attribute, p));
+  say("ctx", "free_memory.after_destroy", free_bytes() == free1);
+  say("ctx", "destroy.again", ctx_destroy(created));
+
+  // An earlier release keeps the primary context (and its memory); the last one frees it.
+  say("ctx", "release.1", primary_release(0));
+  say("ctx", "release.1.known", known(attribute, p));
+  say("ctx", "release.2", primary_release_v1(0));
+  say("ctx", "retain.again", d.primary_retain(&primary, 0));
+  say("ctx", "set_current", d.set_current(primary));
+  say("ctx", "release.2.known", known(attribute, p));
+  say("ctx", "release.2.free", d.free(p));
+  say("ctx", "free_memory.after_release", free_bytes() == free0);
+
+  // A reset frees everything, the context stays retained.
+  CUdeviceptr r = 0, r2 = 0;
+  say("ctx", "alloc.before_reset", d.alloc(&r, 2 << 20));
+  say("ctx", "reset", primary_reset(0));
+  say("ctx", "reset.known", known(attribute, r));
+  say("ctx", "set_current.after_reset", d.set_current(primary));
+  say("ctx", "alloc.after_reset", d.alloc(&r2, 2 << 20));
+  say("ctx", "reset.v1", primary_reset_v1(0));
+  say("ctx", "reset.v1.known", known(attribute, r2));
+  say("ctx", "reset.free", d.free(r));
+  say("ctx", "free_memory.after_reset", free_bytes() == free0);
+  // An inactive primary context: releasing it is refused, resetting it frees nothing.
+  say("ctx", "release.last", primary_release(0));
+  say("ctx", "release.inactive", primary_release(0));
+  say("ctx", "reset.inactive", primary_reset(0));
+  return 0;
+}
+
+// --- capture ---
+
+int capture(const Driver& d) {
+  using Begin = CUresult (*)(CUstream, CUstreamCaptureMode);
+  using BeginV1 = CUresult (*)(CUstream);
+  using End = CUresult (*)(CUstream, CUgraph*);
+  using Exchange = CUresult (*)(CUstreamCaptureMode*);
+  using IsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+  auto begin = get<Begin>("cuStreamBeginCapture");
+  auto begin_v1 = get<BeginV1>("cuStreamBeginCapture", 10000);
+  auto end = get<End>("cuStreamEndCapture");
+  const cuuint64_t ptds = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  auto begin_ptsz = get<Begin>("cuStreamBeginCapture", 12080, ptds);
+  auto end_ptsz = get<End>("cuStreamEndCapture", 12080, ptds);
+  auto is_capturing_ptsz = get<IsCapturing>("cuStreamIsCapturing", 12080, ptds);
+  auto exchange = get<Exchange>("cuThreadExchangeStreamCaptureMode");
+  auto is_capturing = get<IsCapturing>("cuStreamIsCapturing");
+  auto stream_create = get<CUresult (*)(CUstream*, unsigned)>("cuStreamCreate");
+  auto stream_destroy = get<CUresult (*)(CUstream)>("cuStreamDestroy");
+  auto graph_destroy = get<CUresult (*)(CUgraph)>("cuGraphDestroy");
+  say("capture", "init", init_context(d));
+  CUstream s = nullptr;
+  say("capture", "stream", stream_create(&s, CU_STREAM_NON_BLOCKING));
+  auto status = [&](CUstream on, IsCapturing query) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUresult r = query(on, &st);
+    return r == CUDA_SUCCESS ? static_cast<long long>(st) : -static_cast<long long>(r);
+  };
+  auto finish = [&](const char* what, CUstream on, End end_fn) {
+    CUgraph g = nullptr;
+    say("capture", what, end_fn(on, &g));
+    if (g != nullptr) (void)graph_destroy(g);
+  };
+  CUdeviceptr kept = 0, p = 0;
+  say("capture", "alloc.before", d.alloc(&kept, 4096));
+
+  // The original entry point: a GLOBAL capture.
+  say("capture", "v1.begin", begin_v1(s));
+  say("capture", "v1.alloc", d.alloc(&p, 4096));
+  say("capture", "v1.alloc.untouched", p == 0);
+  say("capture", "v1.status", status(s, is_capturing));
+  finish("v1.end", s, end);
+  say("capture", "v1.alloc.after", d.alloc(&p, 4096));
+  say("capture", "v1.free.after", d.free(p));
+
+  // cuMemFree of cuMemAlloc memory during a GLOBAL capture.
+  say("capture", "free.begin", begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  say("capture", "free", d.free(kept));
+  say("capture", "free.status", status(s, is_capturing));
+  finish("free.end", s, end);
+  say("capture", "free.known", [&] {
+    CUdeviceptr base = 0;
+    auto range = get<CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr)>("cuMemGetAddressRange");
+    return range(&base, nullptr, kept) == CUDA_SUCCESS;
+  }());
+
+  // A thread whose own mode is RELAXED allocates and frees during a GLOBAL capture.
+  say("capture", "relaxed.begin", begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  say("capture", "relaxed.exchange", exchange(&mode));
+  p = 0;
+  say("capture", "relaxed.alloc", d.alloc(&p, 1 << 20));
+  say("capture", "relaxed.free", d.free(p));
+  say("capture", "relaxed.restore", exchange(&mode));
+  say("capture", "relaxed.status", status(s, is_capturing));
+  finish("relaxed.end", s, end);
+
+  // The per-thread default stream, through the _ptsz variants (stream 0).
+  say("capture", "ptsz.begin", begin_ptsz(nullptr, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  p = 0;
+  say("capture", "ptsz.alloc", d.alloc(&p, 4096));
+  say("capture", "ptsz.status", status(nullptr, is_capturing_ptsz));
+  finish("ptsz.end", nullptr, end_ptsz);
+  say("capture", "ptsz.alloc.after", d.alloc(&p, 4096));
+  say("capture", "ptsz.free.after", d.free(p));
+
+  // A capture ended from another state than it began in: ended twice, the second refused.
+  finish("end.again", s, end);
+  say("capture", "free.kept", d.free(kept));
+  say("capture", "stream_destroy", stream_destroy(s));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: transparency_probe <libcuda.so.1> vmm-bounds|vmm-fork\n");
+    std::fprintf(
+        stderr,
+        "usage: transparency_probe <libcuda.so.1> vmm-bounds|vmm-fork|context-teardown|capture\n");
     return 2;
   }
   const Driver d = load(argv[1]);
@@ -377,6 +556,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (scenario == "vmm-fork") return vmm_fork(d);
+  if (scenario == "context-teardown") return context_teardown(d);
+  if (scenario == "capture") return capture(d);
   std::fprintf(stderr, "unknown scenario %s\n", argv[2]);
   return 2;
 }

@@ -1,0 +1,166 @@
+// Hooks of stream capture: they keep the runtime's StreamCaptures — which captures are in
+// progress, in which mode, begun by which thread — so that the memory hooks can tell when
+// the driver would refuse an allocation (see stream_captures.hpp). The calls themselves
+// pass to the driver unchanged; only their outcome is read, with the driver's own queries:
+// the capture id of a stream (cuStreamGetCaptureInfo) after a capture began, and again after
+// cuStreamEndCapture, which ends the capture on success and on most errors alike.
+#include "preload/hooks/capture_hooks.hpp"
+
+#include <cuda.h>
+
+#include <optional>
+
+#include "preload/interpose/hook_table.hpp"
+#include "preload/interpose/real_driver.hpp"
+#include "preload/runtime/shim_runtime.hpp"
+#include "preload/shim/shim_state.hpp"
+
+// cuda.h maps the plain names to the newest (or per-thread) variants: the shim exports each
+// variant under its own name.
+#undef cuStreamBeginCapture
+#undef cuStreamBeginCaptureToGraph
+#undef cuStreamEndCapture
+
+// The per-thread-default-stream variants, declared by cuda.h only in that build.
+extern "C" {
+CUresult cuStreamBeginCapture(CUstream);
+CUresult cuStreamBeginCapture_ptsz(CUstream);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream, CUstreamCaptureMode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream, CUgraph, const CUgraphNode*,
+                                          const CUgraphEdgeData*, size_t, CUstreamCaptureMode);
+CUresult cuStreamEndCapture_ptsz(CUstream, CUgraph*);
+}
+
+using namespace thaw::preload;
+
+namespace {
+
+using CaptureInfoV3 = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                   const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+using CaptureInfoV2 = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                   const CUgraphNode**, size_t*);
+
+// The id of the capture `stream` takes part in (active or invalidated), as the caller's own
+// variant (`per_thread`: the _ptsz one, where stream 0 is this thread's default stream)
+// resolves the handle; nullopt when it takes part in none or the driver cannot say.
+std::optional<cuuint64_t> capture_id(CUstream stream, bool per_thread) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  CUresult r = CUDA_ERROR_NOT_FOUND;
+  if (auto v3 = reinterpret_cast<CaptureInfoV3>(driver_symbol(
+          per_thread ? "cuStreamGetCaptureInfo_v3_ptsz" : "cuStreamGetCaptureInfo_v3"))) {
+    r = v3(stream, &status, &id, nullptr, nullptr, nullptr, nullptr);
+  } else if (auto v2 = reinterpret_cast<CaptureInfoV2>(driver_symbol(
+                 per_thread ? "cuStreamGetCaptureInfo_v2_ptsz" : "cuStreamGetCaptureInfo_v2"))) {
+    r = v2(stream, &status, &id, nullptr, nullptr, nullptr);
+  }
+  if (r != CUDA_SUCCESS || status == CU_STREAM_CAPTURE_STATUS_NONE) return std::nullopt;
+  return id;
+}
+
+// The calling thread's capture interaction mode, as the driver keeps it: exchanged out and
+// back (the mode is the thread's own, so nothing else sees the exchange).
+CUstreamCaptureMode thread_capture_mode() {
+  using Exchange = CUresult (*)(CUstreamCaptureMode*);
+  auto exchange = reinterpret_cast<Exchange>(driver_symbol("cuThreadExchangeStreamCaptureMode"));
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (exchange == nullptr || exchange(&mode) != CUDA_SUCCESS) {
+    return CU_STREAM_CAPTURE_MODE_GLOBAL;  // every thread's default
+  }
+  CUstreamCaptureMode back = mode;
+  (void)exchange(&back);
+  return mode;
+}
+
+// After a successful begin: the capture the stream now takes part in.
+CUresult began(CUresult r, CUstream stream, CUstreamCaptureMode mode, bool per_thread) {
+  if (r != CUDA_SUCCESS || mode == CU_STREAM_CAPTURE_MODE_RELAXED || ReentryGuard::inside()) {
+    return r;
+  }
+  ReentryGuard guard;
+  if (auto id = capture_id(stream, per_thread)) runtime().captures().began(*id, mode);
+  return r;
+}
+
+template <typename End>
+CUresult end(End end_capture, CUstream stream, bool per_thread) {
+  // Nothing kept (no restricting capture, or only relaxed ones): nothing to forget.
+  if (!runtime().captures().any() || ReentryGuard::inside()) return end_capture();
+  ReentryGuard guard;
+  const std::optional<cuuint64_t> before = capture_id(stream, per_thread);
+  const CUresult r = end_capture();
+  // Whatever the answer, the capture is over once the stream no longer takes part in it.
+  if (before && capture_id(stream, per_thread) != before) runtime().captures().ended(*before);
+  return r;
+}
+
+}  // namespace
+
+namespace thaw::preload {
+
+bool capture_restricts_unsafe_calls() {
+  StreamCaptures& captures = runtime().captures();
+  if (!captures.any()) return false;
+  return captures.restricts(thread_capture_mode());
+}
+
+}  // namespace thaw::preload
+
+extern "C" {
+
+// The original entry point has no mode: its captures are GLOBAL.
+CUresult cuStreamBeginCapture(CUstream stream) {
+  auto fn = real<decltype(&cuStreamBeginCapture)>(Hook::stream_begin_capture);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return began(fn(stream), stream, CU_STREAM_CAPTURE_MODE_GLOBAL, false);
+}
+
+CUresult cuStreamBeginCapture_ptsz(CUstream stream) {
+  auto fn = real<decltype(&cuStreamBeginCapture_ptsz)>(Hook::stream_begin_capture_ptsz);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return began(fn(stream), stream, CU_STREAM_CAPTURE_MODE_GLOBAL, true);
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+  auto fn = real<decltype(&cuStreamBeginCapture_v2)>(Hook::stream_begin_capture_v2);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return began(fn(stream, mode), stream, mode, false);
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
+  auto fn = real<decltype(&cuStreamBeginCapture_v2_ptsz)>(Hook::stream_begin_capture_v2_ptsz);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return began(fn(stream, mode), stream, mode, true);
+}
+
+CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph,
+                                     const CUgraphNode* dependencies, const CUgraphEdgeData* edges,
+                                     size_t count, CUstreamCaptureMode mode) {
+  auto fn = real<decltype(&cuStreamBeginCaptureToGraph)>(Hook::stream_begin_capture_to_graph);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return began(fn(stream, graph, dependencies, edges, count, mode), stream, mode, false);
+}
+
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
+                                          const CUgraphNode* dependencies,
+                                          const CUgraphEdgeData* edges, size_t count,
+                                          CUstreamCaptureMode mode) {
+  auto fn =
+      real<decltype(&cuStreamBeginCaptureToGraph_ptsz)>(Hook::stream_begin_capture_to_graph_ptsz);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return began(fn(stream, graph, dependencies, edges, count, mode), stream, mode, true);
+}
+
+CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  auto fn = real<decltype(&cuStreamEndCapture)>(Hook::stream_end_capture);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return end([&] { return fn(stream, graph); }, stream, false);
+}
+
+CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
+  auto fn = real<decltype(&cuStreamEndCapture_ptsz)>(Hook::stream_end_capture_ptsz);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return end([&] { return fn(stream, graph); }, stream, true);
+}
+
+}  // extern "C"
