@@ -90,6 +90,7 @@ std::optional<CUresult> DeterministicLayout::allocate(CUdeviceptr* out, std::siz
     stop_locked(fmt::format("the region is full after {} allocations", next_index_));
     return std::nullopt;
   }
+  if (overlaps_live_locked(base_ + cursor_, mapped)) return std::nullopt;
   if (observer_ != nullptr) {
     if (auto diverged = observer_->admit(next_index_, size, cursor_)) {
       stop_locked(std::move(*diverged));
@@ -154,6 +155,17 @@ void DeterministicLayout::set_backing(PageBacking* backing) {
   backing_ = backing;
 }
 
+bool DeterministicLayout::overlaps_live_locked(CUdeviceptr va, std::uint64_t size) {
+  // Only a reservation the caller placed at a fixed address ahead of the cursor can be
+  // there: the sequence cannot go on at its addresses, so the layout stops.
+  auto next = live_.lower_bound(va);
+  if (next == live_.end() || next->first >= va + size) return false;
+  stop_locked(fmt::format(
+      "a reservation placed at the fixed address {:#x} lies where allocation {} would go",
+      next->first, next_index_));
+  return true;
+}
+
 std::optional<CUresult> DeterministicLayout::free(CUdeviceptr ptr) {
   std::lock_guard lock(mutex_);
   if (!reserved_ || ptr < base_ || ptr >= base_ + region_size_) return std::nullopt;
@@ -204,6 +216,7 @@ std::optional<CUresult> DeterministicLayout::reserve(CUdeviceptr* out, std::size
     stop_locked(fmt::format("the region is full after {} allocations", next_index_));
     return std::nullopt;
   }
+  if (overlaps_live_locked(base_ + offset, size)) return std::nullopt;
   if (observer_ != nullptr) {
     if (auto diverged = observer_->admit(next_index_, size, offset)) {
       stop_locked(std::move(*diverged));
@@ -222,10 +235,10 @@ std::optional<CUresult> DeterministicLayout::reserve_at(CUdeviceptr* out, std::s
                                                         std::size_t alignment, CUdeviceptr addr) {
   if (out == nullptr || size == 0) return std::nullopt;
   std::lock_guard lock(mutex_);
-  if (stopped_ || !reserved_ || addr < base_ || addr >= base_ + cursor_) return std::nullopt;
+  if (stopped_ || !reserved_ || addr < base_ || addr >= base_ + region_size_) return std::nullopt;
   const std::uint64_t align = alignment == 0 ? granularity_ : alignment;
   if (size % granularity_ != 0 || align % granularity_ != 0 || (align & (align - 1)) != 0 ||
-      addr % align != 0 || size > base_ + cursor_ - addr) {
+      addr % align != 0 || size > base_ + region_size_ - addr) {
     return std::nullopt;
   }
   // Nothing live overlaps [addr, addr + size).

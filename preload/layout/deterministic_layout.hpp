@@ -118,9 +118,11 @@ class DeterministicLayout {
   // (0: the granularity), next in the sequence. nullopt: not served here (the driver's).
   std::optional<CUresult> reserve(CUdeviceptr* out, std::size_t size, std::size_t alignment);
   // A reservation at a requested address inside the region: served there when that VA is
-  // free to the caller and the sequence has passed it (freed VA, never handed out again), as
-  // the driver honours a free requested address. Not part of the sequence (index
-  // kOutOfSequence, not told to the observer). nullopt: not served here (the driver places it).
+  // free to the caller — freed VA the sequence has passed (never handed out again), or VA
+  // ahead of the cursor — as the driver honours a free requested address (a peer process
+  // mapping memory it imports at the exporter's address asks for such VA). Not part of the
+  // sequence (index kOutOfSequence, not told to the observer); should the sequence reach it,
+  // the layout stops. nullopt: not served here (the driver places it).
   std::optional<CUresult> reserve_at(CUdeviceptr* out, std::size_t size, std::size_t alignment,
                                      CUdeviceptr addr);
   // cuMemAddressFree of a reservation the layout made (refused while the caller still has
@@ -172,6 +174,9 @@ class DeterministicLayout {
   // stays mapped.
   CUresult map_locked(CUdeviceptr va, std::uint64_t mapped, CUdevice device, bool& backed);
   void stop_locked(std::string why);
+  // Whether a live entry (an out-of-sequence reservation) lies in [va, va + size): then the
+  // layout stops, and the caller hands the allocation to the driver.
+  bool overlaps_live_locked(CUdeviceptr va, std::uint64_t size);
 
   LayoutDriver driver_;
   const std::uint64_t base_;

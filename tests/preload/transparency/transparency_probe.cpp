@@ -14,6 +14,10 @@
 //       creates POSIX-fd-shareable memory, fills it and sends the descriptor (SCM_RIGHTS); the
 //       child imports it into its own reservation, reads the parent's bytes, writes its own;
 //       the parent reads them back.
+//   transparency_probe <libcuda.so.1> vmm-fixed-va
+//       after a cuMemAlloc, a reservation at a fixed address no one has reserved (as a process
+//       importing memory asks for the exporter's address): honoured, mapped, written, read;
+//       then freed while cuMemAlloc goes on.
 //   transparency_probe <libcuda.so.1> context-teardown
 //       cuMemAlloc memory and its context: the CONTEXT and mapping attributes; the memory of
 //       a created context after cuCtxDestroy, of the primary context after its last
@@ -372,6 +376,44 @@ int vmm_fork(const Driver& d) {
   return 0;
 }
 
+// --- vmm-fixed-va ---
+
+// Inside the shim's default region (THAW_PRELOAD_VA_BASE 0x200000000000, 4 x the 1 GiB
+// device the test gives the emulator), ahead of the first allocations and in the way of the
+// later ones (the layout then stops, and the driver places them); free VA to the
+// driver alone.
+constexpr CUdeviceptr kFixedVa = 0x200000000000ull + (256ull << 20);
+
+int vmm_fixed_va(const Driver& d) {
+  say("fixed", "init", init_context(d));
+  size_t g = 0;
+  const CUmemAllocationProp prop = shareable_prop();
+  say("fixed", "granularity", d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUdeviceptr first = 0;
+  say("fixed", "alloc", d.alloc(&first, 4096));
+  CUdeviceptr va = 0;
+  say("fixed", "reserve", d.reserve(&va, 2 * g, 0, kFixedVa, 0));
+  say("fixed", "reserve.where_asked", va == kFixedVa);
+  CUmemGenericAllocationHandle h = 0;
+  say("fixed", "create", d.create(&h, 2 * g, &prop, 0));
+  say("fixed", "map", d.map(va, 2 * g, 0, h, 0));
+  const CUmemAccessDesc rw = read_write();
+  say("fixed", "set_access", d.set_access(va, 2 * g, &rw, 1));
+  say("fixed", "fill", d.memset32(va, kParentWord, 2 * g / 4));
+  say("fixed", "sync", d.synchronize());
+  read_back(d, "fixed", "bytes", va, 2 * g);
+  // Allocations go on around it.
+  std::vector<CUdeviceptr> more(8, 0);
+  for (CUdeviceptr& p : more) say("fixed", "alloc.more", d.alloc(&p, 100 << 20));
+  read_back(d, "fixed", "bytes.after", va, 2 * g);
+  for (CUdeviceptr p : more) say("fixed", "free.more", d.free(p));
+  say("fixed", "unmap", d.unmap(va, 2 * g));
+  say("fixed", "address_free", d.address_free(va, 2 * g));
+  say("fixed", "release", d.release(h));
+  say("fixed", "free", d.free(first));
+  return 0;
+}
+
 // --- context-teardown ---
 
 bool known(CUresult (*attribute)(void*, CUpointer_attribute, CUdeviceptr), CUdeviceptr p) {
@@ -544,9 +586,9 @@ int capture(const Driver& d) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(
-        stderr,
-        "usage: transparency_probe <libcuda.so.1> vmm-bounds|vmm-fork|context-teardown|capture\n");
+    std::fprintf(stderr,
+                 "usage: transparency_probe <libcuda.so.1> "
+                 "vmm-bounds|vmm-fork|vmm-fixed-va|context-teardown|capture\n");
     return 2;
   }
   const Driver d = load(argv[1]);
@@ -556,6 +598,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (scenario == "vmm-fork") return vmm_fork(d);
+  if (scenario == "vmm-fixed-va") return vmm_fixed_va(d);
   if (scenario == "context-teardown") return context_teardown(d);
   if (scenario == "capture") return capture(d);
   std::fprintf(stderr, "unknown scenario %s\n", argv[2]);
