@@ -140,8 +140,13 @@ class Reader {
   void layout_kind(const char* key, LayoutKind& out) {
     std::string s;
     string(key, s, Str::name);
-    if (ok() && !parse_layout_kind(s, out)) {
-      fail(key, fmt::format("is {}, not \"packed\" or \"engine\"", proto::quoted(s)));
+    if (!ok()) return;
+    if (auto kind = layout::parse_layout_kind(s)) {
+      out = *kind;
+    } else {
+      fail(key, fmt::format("is {}, not \"{}\" or \"{}\"", proto::quoted(s),
+                            layout::to_string(LayoutKind::packed),
+                            layout::to_string(LayoutKind::engine)));
     }
   }
   void artifact_kind(const char* key, ArtifactKind& out) {
@@ -238,7 +243,7 @@ class Writer {
     out[key] = static_cast<std::uint64_t>(v);
   }
   void boolean(const char* key, bool v) { out[key] = v; }
-  void layout_kind(const char* key, LayoutKind v) { out[key] = to_string(v); }
+  void layout_kind(const char* key, LayoutKind v) { out[key] = layout::to_string(v); }
   void artifact_kind(const char* key, ArtifactKind v) { out[key] = to_string(v); }
   void u64_list(const char* key, const std::vector<std::uint64_t>& v, std::size_t, std::uint64_t) {
     out[key] = v;
@@ -496,21 +501,6 @@ std::string_view to_string(MessageType type) {
 bool is_known(std::uint16_t type) {
   return type >= static_cast<std::uint16_t>(MessageType::hello) &&
          type <= static_cast<std::uint16_t>(MessageType::ipc_exported);
-}
-
-std::string_view to_string(LayoutKind kind) {
-  return kind == LayoutKind::engine ? "engine" : "packed";
-}
-
-bool parse_layout_kind(std::string_view name, LayoutKind& out) {
-  if (name == "packed") {
-    out = LayoutKind::packed;
-  } else if (name == "engine") {
-    out = LayoutKind::engine;
-  } else {
-    return false;
-  }
-  return true;
 }
 
 std::string_view to_string(ArtifactKind) {

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "common/fd/unique_fd.hpp"
+#include "common/layout/layout_kind.hpp"
 
 namespace thaw::proto {
 
@@ -98,12 +99,9 @@ void write_frame_header(const FrameHeader& header, std::byte* out);
 
 // ---- Message bodies ----
 
-// How a prewarmed slot lays out the model's bytes: packed (tensors in file order) or the
-// layout an engine's recorded run used (its allocation sequence, so pages map in place).
-enum class LayoutKind : std::uint8_t { packed, engine };
-std::string_view to_string(LayoutKind kind);
-// false when `name` is neither "packed" nor "engine".
-bool parse_layout_kind(std::string_view name, LayoutKind& out);
+// How a prewarmed slot lays out the model's bytes (common/layout/layout_kind.hpp): the one
+// type thawd's slots, this message and the shim's grant share; text only in the JSON body.
+using layout::LayoutKind;
 
 // What a recorded artifact is. Only one kind exists; new kinds are a new protocol version.
 enum class ArtifactKind : std::uint8_t { layout };
@@ -117,7 +115,8 @@ struct ArtifactIdentity {
 };
 
 // The shim's totals, reported at its exit and summed by thawd (its metrics). One struct on
-// both ends: preload/shim's ShimCounters fills it, daemon/shim_socket adds it up.
+// both ends: preload/shim's ShimCounters fills it, daemon/shim_socket adds it up
+// (ShimSocketCounters).
 struct EngineCounters {
   std::uint64_t calls_intercepted = 0;
   std::uint64_t deterministic_allocations = 0;

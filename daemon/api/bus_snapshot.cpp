@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 
+#include "common/layout/layout_kind.hpp"
+
 namespace thaw::daemon {
 
 std::string gpu_path(std::uint32_t index) {
@@ -50,6 +52,9 @@ BusSnapshot take_snapshot(const ManagerInfo& manager, const NodeService& service
                                       {"ActiveSlot", g.active_slot}}};
   }
   for (const SlotStatus& slot : service.slots()) {
+    // D-Bus properties are text: the kind's name, "" until its prewarm chose one.
+    const std::string layout_name =
+        slot.layout ? std::string(layout::to_string(*slot.layout)) : std::string();
     s[slot_path(slot.id)] = BusObject{kSlotInterface,
                                       {{"Id", slot.id},
                                        {"Gpu", slot.gpu},
@@ -58,7 +63,7 @@ BusSnapshot take_snapshot(const ManagerInfo& manager, const NodeService& service
                                        {"ResidentBytes", slot.resident_bytes},
                                        {"TotalBytes", slot.total_bytes},
                                        {"Owner", slot.owner},
-                                       {"Layout", slot.layout},
+                                       {"Layout", layout_name},
                                        {"Error", slot.error}}};
   }
   for (const ModelStatus& m : service.models()) {

@@ -29,7 +29,7 @@ class Writer {
 
 }  // namespace
 
-std::string render_openmetrics(const NodeService& service, const ShimCounters& shim,
+std::string render_openmetrics(const NodeService& service, const ShimSocketCounters& shim,
                                std::uint64_t cache_bytes_used, std::uint64_t cache_budget_bytes) {
   const NodeCounters& c = service.counters();
   Writer w;

@@ -11,7 +11,7 @@
 namespace thaw::daemon {
 
 // Safe from any thread (it reads the service and atomic counters only).
-std::string render_openmetrics(const NodeService& service, const ShimCounters& shim,
+std::string render_openmetrics(const NodeService& service, const ShimSocketCounters& shim,
                                std::uint64_t cache_bytes_used, std::uint64_t cache_budget_bytes);
 
 }  // namespace thaw::daemon

@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/layout/layout_kind.hpp"
 #include "daemon/service/service_error.hpp"
 #include "daemon/store/cache/host_cache.hpp"
 #include "daemon/store/fetch/model_fetch.hpp"
@@ -76,8 +77,8 @@ struct SlotStatus {
   std::uint64_t total_bytes = 0;
   std::string owner;  // "pid 1234" of the shim client holding it, or ""
   std::string error;
-  std::string layout;  // "packed" or "engine" (an engine's recorded layout); "" before known
-  int layers = -1;     // a partial prewarm's layer count; -1: the whole model
+  std::optional<layout::LayoutKind> layout;  // nullopt until its prewarm chose one
+  int layers = -1;                           // a partial prewarm's layer count; -1: the whole model
 };
 
 struct GpuStatus {
@@ -111,7 +112,9 @@ struct OpenedFile {
   bool complete = false;
 };
 
-struct AttachedSlot {
+// A slot as NodeService::attach binds it to an engine: everything thawd needs to answer
+// attach_slot (daemon/shim_socket turns it into proto::Slot and its page messages).
+struct SlotAttachment {
   std::string slot;
   std::uint32_t gpu = 0;
   std::uint64_t weight_bytes = 0;
@@ -124,7 +127,7 @@ struct AttachedSlot {
   std::uint64_t lent_bytes = 0;      // of the budget, what the pool gave the driver for it
   std::uint64_t resident_bytes = 0;  // prefix of the layout whose bytes are in the pages
   std::uint64_t page_bytes = 0;
-  std::string layout_kind;         // "packed" or "engine"
+  layout::LayoutKind layout_kind = layout::LayoutKind::packed;
   std::string record_fingerprint;  // engine layout: the record it was built from
   vmm::ExportedRange pages;        // the caller owns the fds
   std::vector<vmm::LayoutPiece> layout;
@@ -180,7 +183,7 @@ class NodeService {
   std::vector<GpuStatus> gpus() const;
 
   ServiceResult<OpenedFile> open_file(const std::string& model, const std::string& path);
-  ServiceResult<AttachedSlot> attach(const std::string& model, const std::string& owner);
+  ServiceResult<SlotAttachment> attach(const std::string& model, const std::string& owner);
   // Memory for an engine not attached to a slot (or not yet): the free pages of the pool of
   // the GPU whose UUID is `gpu_uuid` ("" on a one-GPU node), their memory given to the
   // driver for `owner` until release_owner(owner). With pool_share 0.9 a process that got

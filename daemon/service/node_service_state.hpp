@@ -86,11 +86,11 @@ struct NodeService::SlotRecord {
   std::map<std::uint64_t, std::uint64_t> exports;
   std::vector<vmm::LayoutPiece> layout;
   std::uint64_t weight_bytes = 0;
-  std::optional<int> layers;       // partial prewarm
-  std::string layout_kind;         // "packed" / "engine", once the prewarm chose
-  std::string record_fingerprint;  // engine layout: which record
-  bool pages_freed = false;        // the owner gave pages back: no hand-back possible
-  bool verifying = false;          // handed back: its bytes are being checked (`thread`)
+  std::optional<int> layers;                      // partial prewarm
+  std::optional<layout::LayoutKind> layout_kind;  // once the prewarm chose (and succeeded)
+  std::string record_fingerprint;                 // engine layout: which record
+  bool pages_freed = false;  // the owner gave pages back: no hand-back possible
+  bool verifying = false;    // handed back: its bytes are being checked (`thread`)
 };
 
 }  // namespace thaw::daemon

@@ -31,13 +31,14 @@ std::uint64_t random_token() {
 // copy, else the packed layout (said in the journal when a record was refused).
 vmm::VmmResult<vmm::WeightLayout> choose_layout(const safetensors::Model& model,
                                                 const std::string& key,
-                                                const EngineLayoutLookup& lookup, std::string& kind,
+                                                const EngineLayoutLookup& lookup,
+                                                layout::LayoutKind& kind,
                                                 std::string& fingerprint) {
   if (lookup) {
     if (auto text = lookup(key)) {
       auto engine = engine_layout_from_record(*text, model);
       if (engine) {
-        kind = "engine";
+        kind = layout::LayoutKind::engine;
         fingerprint = engine->fingerprint;
         return std::move(engine->layout);
       }
@@ -46,7 +47,7 @@ vmm::VmmResult<vmm::WeightLayout> choose_layout(const safetensors::Model& model,
           {{"MODEL", key}});
     }
   }
-  kind = "packed";
+  kind = layout::LayoutKind::packed;
   fingerprint.clear();
   return vmm::WeightLayout::packed(model);
 }
@@ -146,7 +147,7 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
   std::string error;
   std::vector<vmm::LayoutPiece> pieces;
   std::uint64_t extent = 0;
-  std::string kind = "packed";
+  layout::LayoutKind kind = layout::LayoutKind::packed;
   std::string fingerprint;
   EngineLayoutLookup lookup;
   {
@@ -187,7 +188,7 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
   if (error.empty()) {
     log(LogLevel::info,
         fmt::format("slot {}: {} prewarmed in its {} layout ({} bytes{})", record->id, record->key,
-                    kind, extent,
+                    layout::to_string(kind), extent,
                     record->layers ? fmt::format(", layers below {}", *record->layers) : ""),
         {{"MODEL", record->key}, {"SLOT", record->id}, {"GPU", std::to_string(record->gpu)}});
   } else {
@@ -396,8 +397,8 @@ std::vector<GpuStatus> NodeService::gpus() const {
   return out;
 }
 
-ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
-                                                const std::string& owner) {
+ServiceResult<SlotAttachment> NodeService::attach(const std::string& model,
+                                                  const std::string& owner) {
   auto key = key_for(model);
   if (!key) return std::unexpected(key.error());
   std::lock_guard lock(mutex_);
@@ -406,8 +407,9 @@ ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
   SlotRecord* found = nullptr;
   std::uint64_t found_resident = 0;
   for (auto& [id, record] : slots_) {
+    // (No layout kind: its prewarm failed, so there is no layout to hand out.)
     if (record->key != *key || record->prewarming || record->evicting || record->verifying ||
-        !record->owner.empty()) {
+        !record->owner.empty() || !record->layout_kind) {
       continue;
     }
     auto info = gpus_[record->gpu]->slot(record->slot);
@@ -435,14 +437,14 @@ ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
                          fmt::format("exporting slot {}: {}", found->id, range.error().message));
   }
   counters_.prewarm_hits.fetch_add(1);
-  if (found->layout_kind == "engine") counters_.engine_layout_hits.fetch_add(1);
+  if (found->layout_kind == layout::LayoutKind::engine) counters_.engine_layout_hits.fetch_add(1);
   // The GPU's export tokens count up from 1; what the engine is given is random, so no
   // other client can name this export (and confirm_import checks the owner besides).
   std::uint64_t token = random_token();
   while (found->exports.contains(token)) token = random_token();
   found->owner = owner;
   found->exports[token] = range->token;
-  AttachedSlot out;
+  SlotAttachment out;
   out.slot = found->id;
   out.gpu = found->gpu;
   out.weight_bytes = found->weight_bytes;
@@ -464,12 +466,12 @@ ServiceResult<AttachedSlot> NodeService::attach(const std::string& model,
   out.budget_bytes = slot_bytes + out.lent_bytes;
   out.pages = std::move(*range);
   out.layout = found->layout;
-  out.layout_kind = found->layout_kind;
+  out.layout_kind = *found->layout_kind;
   out.record_fingerprint = found->record_fingerprint;
   log(LogLevel::info,
       fmt::format("slot {}: {} attached to {} ({} layout, {} of {} bytes resident; budget {} "
                   "bytes, {} of them given to the driver from the pool)",
-                  found->id, found->key, owner, found->layout_kind, found_resident,
+                  found->id, found->key, owner, layout::to_string(out.layout_kind), found_resident,
                   found->weight_bytes, out.budget_bytes, out.lent_bytes),
       {{"MODEL", found->key}, {"SLOT", found->id}, {"GPU", std::to_string(found->gpu)}});
   changed();

@@ -371,10 +371,7 @@ bool ShimServer::serve(Connection& c, std::uint32_t id, const proto::AttachSlot&
     return reply_error(c, id, ServiceError{error_name::kState, why});
   };
   proto::Slot reply;
-  if (!proto::parse_layout_kind(slot->layout_kind, reply.layout_kind)) {
-    return refuse(
-        fmt::format("slot {} has layout kind {}", slot->slot, proto::quoted(slot->layout_kind)));
-  }
+  reply.layout_kind = slot->layout_kind;
   // The layout of a big model exceeds a message: it goes as a memfd.
   std::vector<proto::LayoutRow> rows;
   rows.reserve(slot->layout.size());

@@ -43,7 +43,10 @@
 
 namespace thaw::daemon {
 
-struct ShimCounters {
+// thawd's statistics of its shim socket (connections, requests, artifacts, IPC), plus the sums
+// of what engines' shims report at exit. Not the shim's own counters (preload's ShimCounters):
+// those live in each engine process and arrive here only as proto::EngineCounters.
+struct ShimSocketCounters {
   std::atomic<std::uint64_t> connections_accepted{0};
   std::atomic<std::uint64_t> connections_refused{0};  // by the allow rule
   std::atomic<std::uint64_t> connections_dropped{0};  // malformed or oversized messages
@@ -81,7 +84,7 @@ class ShimServer {
   // longer allowed are closed). `access` must outlive its use (until the next set_access).
   void set_access(const AccessPolicy& access);
   std::size_t connection_count() const { return connections_.size(); }
-  const ShimCounters& counters() const { return counters_; }
+  const ShimSocketCounters& counters() const { return counters_; }
 
  private:
   struct Connection {
@@ -137,7 +140,7 @@ class ShimServer {
   std::map<std::uint64_t, std::unique_ptr<Connection>> connections_;
   std::uint64_t next_id_ = 1;
   bool at_connection_limit_ = false;  // said in the log once each time the limit is reached
-  ShimCounters counters_;
+  ShimSocketCounters counters_;
 };
 
 }  // namespace thaw::daemon

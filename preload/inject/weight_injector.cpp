@@ -155,7 +155,7 @@ CUresult WeightInjector::map_for_copy_locked(std::unique_lock<std::mutex>& lock)
 
 bool WeightInjector::zero_copy_locked(std::uint64_t granularity) {
   if (zero_copy_) return *zero_copy_;
-  bool on = grant_.layout_kind == "engine" && !grant_.record_fingerprint.empty();
+  bool on = grant_.layout_kind == layout::LayoutKind::engine && !grant_.record_fingerprint.empty();
   std::string why;
   if (on) {
     const auto mine = env_.record_fingerprint ? env_.record_fingerprint() : std::nullopt;

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "common/fd/unique_fd.hpp"
+#include "common/layout/layout_kind.hpp"
 #include "preload/layout/deterministic_layout.hpp"
 
 namespace thaw::preload {
@@ -75,9 +76,9 @@ struct SlotPiece {
 
 // What thawd's attach granted.
 struct SlotGrant {
-  std::string slot;                // "g0s1"
-  std::string model;               // cache key
-  std::string layout_kind;         // "packed" | "engine"
+  std::string slot;   // "g0s1"
+  std::string model;  // cache key
+  layout::LayoutKind layout_kind = layout::LayoutKind::packed;
   std::string record_fingerprint;  // engine layout: the record it was built from
   std::uint64_t page_bytes = 0;
   std::uint64_t resident_bytes = 0;         // pieces ending at or below this are in the pages

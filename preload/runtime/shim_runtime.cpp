@@ -32,6 +32,11 @@ std::optional<std::string> driver_version() {
   return std::to_string(v);
 }
 
+// A layout record's identity is the key thawd stores it under: the same four strings.
+proto::ArtifactIdentity artifact_identity(const LayoutIdentity& id) {
+  return {id.engine, id.model, id.gpu, id.driver};
+}
+
 std::optional<InjectorDriver> injector_driver() {
   InjectorDriver d;
   resolve(d.mem_import, "cuMemImportFromShareableHandle");
@@ -115,7 +120,8 @@ void ShimRuntime::on_library_loaded() {
 // --- Model file opened: record / attach / budget / inject ---
 
 void ShimRuntime::on_model_file_opened(int fd, const ModelFilePath& where) {
-  auto file = open_managed_file(where, daemon_readiness_fd(where.model, where.relative));
+  auto file =
+      open_managed_file(where, daemon_readiness_fd(where.model, where.relative, where.full));
   if (file == nullptr) return;  // no usable readiness map: reads pass through
   // Record: the first model the engine opens names the layout record this run follows.
   if (LayoutRecorder* r = recorder()) r->model_opened(file->model);
@@ -139,7 +145,8 @@ void ShimRuntime::attach_to_slot(const std::string& model) {
   debug("attached to slot {} of {}: cuMemGetInfo answers a budget of {} bytes", slot->slot, model,
         slot->budget_bytes);
   debug("slot {} holds {} of its layout's bytes in a {} layout ({} pages)", slot->slot,
-        slot->grant.resident_bytes, slot->grant.layout_kind, slot->grant.pages.size());
+        slot->grant.resident_bytes, layout::to_string(slot->grant.layout_kind),
+        slot->grant.pages.size());
   std::lock_guard lock(build_mutex_);
   if (pending_grant_ != nullptr || injector_.load() != nullptr) return;  // one slot per process
   pending_grant_ = std::make_unique<SlotGrant>(std::move(slot->grant));
@@ -211,12 +218,12 @@ LayoutRecorder* ShimRuntime::build_recorder_locked() {
   env.gpu_name = device_name;
   env.driver_version = driver_version;
   env.fetch = [](const LayoutIdentity& id) -> std::optional<std::string> {
-    auto text = daemon_get_artifact("layout", id.to_json());
+    auto text = daemon_get_artifact(proto::ArtifactKind::layout, artifact_identity(id));
     if (text) debug("thawd has a layout record for {} on {}: comparing", id.model, id.gpu);
     return text;
   };
   env.store = [](const LayoutIdentity& id, const std::string& json) {
-    return daemon_report_artifact("layout", id.to_json(), json);
+    return daemon_report_artifact(proto::ArtifactKind::layout, artifact_identity(id), json);
   };
   env.stop_layout = [this](const std::string& why) {
     if (DeterministicLayout* l = layout()) l->stop(why);
@@ -268,7 +275,7 @@ WeightInjector* ShimRuntime::build_injector_locked() {
   // Lives for the whole process: hooks may run during exit, after static destructors.
   auto* injector = new WeightInjector(*driver, std::move(env), std::move(*pending_grant_));
   pending_grant_.reset();
-  if (injector->grant().layout_kind == "engine") {
+  if (injector->grant().layout_kind == layout::LayoutKind::engine) {
     if (DeterministicLayout* l = build_layout_locked()) l->set_backing(injector);
   }
   injector->start_import();
@@ -294,12 +301,14 @@ void ShimRuntime::on_exit() {
     }
   }
   finish_injection();
-  daemon_report_counters({{"calls_intercepted", counters_.calls_intercepted.load()},
-                          {"deterministic_allocations", counters_.deterministic_allocations.load()},
-                          {"layout_divergences", counters_.layout_divergences.load()},
-                          {"files_streamed", counters_.files_streamed.load()},
-                          {"reads_waited", counters_.reads_waited.load()},
-                          {"bytes_streamed", counters_.bytes_streamed.load()}});
+  proto::EngineCounters reported;
+  reported.calls_intercepted = counters_.calls_intercepted.load();
+  reported.deterministic_allocations = counters_.deterministic_allocations.load();
+  reported.layout_divergences = counters_.layout_divergences.load();
+  reported.files_streamed = counters_.files_streamed.load();
+  reported.reads_waited = counters_.reads_waited.load();
+  reported.bytes_streamed = counters_.bytes_streamed.load();
+  daemon_report_counters(reported);
 }
 
 // Outstanding copies finish, and the slot goes back to thawd — handed back prewarmed when

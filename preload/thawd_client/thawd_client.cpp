@@ -79,7 +79,7 @@ class Connection {
     SlotGrant& g = out.grant;
     g.slot = slot->slot;
     g.model = model;
-    g.layout_kind = std::string(proto::to_string(slot->layout_kind));
+    g.layout_kind = slot->layout_kind;
     g.record_fingerprint = slot->record_fingerprint;
     g.page_bytes = slot->page_bytes;
     g.resident_bytes = slot->resident_bytes;
@@ -203,28 +203,6 @@ class Connection {
   std::uint32_t next_id_ = 0;
 };
 
-// The identity of an artifact as the recorder keys it ({engine, model, gpu, driver}); nullopt
-// when a field is missing or not a string (the caller's bug: logged).
-std::optional<proto::ArtifactIdentity> artifact_identity(const nlohmann::json& identity) {
-  proto::ArtifactIdentity out;
-  for (auto [name, field] : {std::pair{"engine", &out.engine}, std::pair{"model", &out.model},
-                             std::pair{"gpu", &out.gpu}, std::pair{"driver", &out.driver}}) {
-    auto it = identity.find(name);
-    if (it == identity.end() || !it->is_string()) {
-      debug("artifact identity without a string {}: {}", name, identity.dump());
-      return std::nullopt;
-    }
-    *field = it->get<std::string>();
-  }
-  return out;
-}
-
-std::optional<proto::ArtifactKind> artifact_kind(const std::string& kind) {
-  if (kind == proto::to_string(proto::ArtifactKind::layout)) return proto::ArtifactKind::layout;
-  debug("no artifact kind {} in protocol {}", kind, proto::kProtocolVersion);
-  return std::nullopt;
-}
-
 }  // namespace
 
 std::optional<UniqueFd> daemon_readiness_fd(const std::string& model_key,
@@ -232,44 +210,36 @@ std::optional<UniqueFd> daemon_readiness_fd(const std::string& model_key,
                                             const std::string& opened_path) {
   auto file = Connection::get().call<proto::File>(proto::OpenFile{model_key, relative_path});
   if (!file) return std::nullopt;
-  if (!opened_path.empty()) {
-    // The readiness map describes thawd's file: only worth anything if the engine opened
-    // that same file (not, say, a copy of the cache elsewhere).
-    struct stat ours {
-    }, thawds{};
-    if (::stat(opened_path.c_str(), &ours) != 0 || ::fstat(file->data.get(), &thawds) != 0 ||
-        ours.st_dev != thawds.st_dev || ours.st_ino != thawds.st_ino) {
-      debug("thawd's {} of {} is not the file at {}: using the cache's own readiness map",
-            relative_path, model_key, opened_path);
-      return std::nullopt;
-    }
+  // The readiness map describes thawd's file: only worth anything if the engine opened that
+  // same file (not, say, a copy of the cache elsewhere).
+  struct stat ours {
+  }, thawds{};
+  if (::stat(opened_path.c_str(), &ours) != 0 || ::fstat(file->data.get(), &thawds) != 0 ||
+      ours.st_dev != thawds.st_dev || ours.st_ino != thawds.st_ino) {
+    debug("thawd's {} of {} is not the file at {}: using the cache's own readiness map",
+          relative_path, model_key, opened_path);
+    return std::nullopt;
   }
   return std::move(file->readiness);
 }
 
-std::optional<std::string> daemon_get_artifact(const std::string& kind,
-                                               const nlohmann::json& identity) {
-  auto k = artifact_kind(kind);
-  auto id = artifact_identity(identity);
-  if (!k || !id) return std::nullopt;
-  auto reply = Connection::get().call<proto::Artifact>(proto::GetArtifact{*k, std::move(*id)});
+std::optional<std::string> daemon_get_artifact(proto::ArtifactKind kind,
+                                               const proto::ArtifactIdentity& identity) {
+  auto reply = Connection::get().call<proto::Artifact>(proto::GetArtifact{kind, identity});
   if (!reply) return std::nullopt;
   auto text = proto::read_document(reply->document.get(), reply->bytes);
   if (!text) {
-    debug("thawd's {} artifact could not be read: {}", kind, text.error());
+    debug("thawd's {} artifact could not be read: {}", proto::to_string(kind), text.error());
     return std::nullopt;
   }
   return std::move(*text);
 }
 
-bool daemon_report_artifact(const std::string& kind, const nlohmann::json& identity,
+bool daemon_report_artifact(proto::ArtifactKind kind, const proto::ArtifactIdentity& identity,
                             const std::string& document) {
-  auto k = artifact_kind(kind);
-  auto id = artifact_identity(identity);
-  if (!k || !id) return false;
   auto memfd = proto::document_memfd("thaw-artifact", document);
   if (!memfd) return false;
-  proto::ReportArtifact m{*k, std::move(*id), document.size(), std::move(*memfd)};
+  proto::ReportArtifact m{kind, identity, document.size(), std::move(*memfd)};
   return Connection::get().call<proto::Ok>(std::move(m)).has_value();
 }
 
@@ -283,20 +253,6 @@ void daemon_report_counters(const proto::EngineCounters& counters) {
     *v = std::min(*v, proto::kMaxCounter);
   }
   (void)Connection::get().call<proto::Ok>(proto::ReportCounters{c});
-}
-
-void daemon_report_counters(const nlohmann::json& counters) {
-  proto::EngineCounters c;
-  for (auto [name, field] :
-       {std::pair{"calls_intercepted", &c.calls_intercepted},
-        std::pair{"deterministic_allocations", &c.deterministic_allocations},
-        std::pair{"layout_divergences", &c.layout_divergences},
-        std::pair{"files_streamed", &c.files_streamed}, std::pair{"reads_waited", &c.reads_waited},
-        std::pair{"bytes_streamed", &c.bytes_streamed}}) {
-    auto it = counters.find(name);
-    if (it != counters.end() && it->is_number_unsigned()) *field = it->get<std::uint64_t>();
-  }
-  daemon_report_counters(c);
 }
 
 std::optional<std::uint64_t> daemon_export_ipc(int fd, std::uint64_t bytes) {

@@ -12,8 +12,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "common/fd/unique_fd.hpp"
 #include "common/proto/shim_messages.hpp"
 #include "preload/inject/weight_injector.hpp"
@@ -21,26 +19,22 @@
 namespace thaw::preload {
 
 // The readiness map of a cached model file, from thawd (open_file). nullopt when thawd
-// is not there or does not know the file, or — given `opened_path`, the file the engine
-// opened — when thawd's file is not that one (same device and inode), so that its map would
-// describe other bytes.
+// is not there or does not know the file, or when thawd's file is not `opened_path`, the file
+// the engine opened (same device and inode), so that its map would describe other bytes.
 std::optional<UniqueFd> daemon_readiness_fd(const std::string& model_key,
                                             const std::string& relative_path,
-                                            const std::string& opened_path = {});
+                                            const std::string& opened_path);
 
-// The artifact of `kind` ("layout") recorded for `identity` ({engine, model, gpu, driver},
-// strings), as text; nullopt when there is none (or no thawd).
-std::optional<std::string> daemon_get_artifact(const std::string& kind,
-                                               const nlohmann::json& identity);
+// The artifact of `kind` recorded for `identity`, as text; nullopt when there is none (or no
+// thawd).
+std::optional<std::string> daemon_get_artifact(proto::ArtifactKind kind,
+                                               const proto::ArtifactIdentity& identity);
 // Stores an artifact (sent as a memfd: records can exceed a message). false: not stored.
-bool daemon_report_artifact(const std::string& kind, const nlohmann::json& identity,
+bool daemon_report_artifact(proto::ArtifactKind kind, const proto::ArtifactIdentity& identity,
                             const std::string& document);
 // Reports the shim's counters — only over a connection already open (never connects at
 // exit just for this).
 void daemon_report_counters(const proto::EngineCounters& counters);
-// The same from {name: n} (the names of EngineCounters' fields; others are ignored), for
-// callers not yet using the struct.
-void daemon_report_counters(const nlohmann::json& counters);
 
 // CUDA IPC through thawd: hands over a VMM handle's descriptor, gets the token a handle
 // carries; and the other way round (`bytes`, when not 0: the size the handle names, which

@@ -137,7 +137,7 @@ TEST_F(NodeServiceTest, PagesAnEngineCopiedOutAreFreedAndItsSlotIsNotHandedBack)
   EXPECT_EQ(gpu_->pool().free, 0u);
   EXPECT_EQ(gpu_->pool().returned, free_before);
   for (const auto& p : a->pages.pages) ::close(p.fd);
-  EXPECT_EQ(a->layout_kind, "packed");
+  EXPECT_EQ(a->layout_kind, thaw::layout::LayoutKind::packed);
   EXPECT_EQ(a->resident_bytes, a->weight_bytes);
   EXPECT_EQ(service_->free_pages("pid 2", *slot, {0}).error().name, error_name::kUnknownSlot);
   EXPECT_EQ(service_->free_pages("pid 1", *slot, {1}).error().name, error_name::kGpu)

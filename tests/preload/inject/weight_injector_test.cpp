@@ -14,6 +14,7 @@
 namespace {
 
 using namespace thaw::preload;
+using thaw::layout::LayoutKind;
 
 constexpr std::uint64_t kPage = 2 << 20;  // the emulator's granularity
 constexpr CUdeviceptr kBase = 0x300000000000ull;
@@ -82,13 +83,13 @@ class WeightInjectorTest : public ::testing::Test {
 
   // A slot of `pages` pages as thawd makes one; pieces: file 0 bytes [0, 3 MiB) at slot
   // offset 0 and file 1 bytes [0, 1 MiB) at slot offset 3 MiB + 256.
-  SlotGrant make_slot(std::size_t pages, std::string kind = "packed") {
+  SlotGrant make_slot(std::size_t pages, LayoutKind kind = LayoutKind::packed) {
     slot_bytes_ = pages * kPage;
     EXPECT_EQ(cuMemAddressReserve(&slot_va_, slot_bytes_, 0, 0, 0), CUDA_SUCCESS);
     SlotGrant g;
     g.slot = "g0s0";
     g.model = "m";
-    g.layout_kind = std::move(kind);
+    g.layout_kind = kind;
     g.record_fingerprint = "f00d";
     g.page_bytes = kPage;
     g.pieces = {{0, "a.safetensors", 0, 3 << 20}, {(3 << 20) + 256, "b.safetensors", 0, 1 << 20}};
@@ -206,7 +207,7 @@ TEST_F(WeightInjectorTest, BytesTheSlotDoesNotHoldAreLeftToTheDriver) {
 }
 
 TEST_F(WeightInjectorTest, ZeroCopyMapsTheSlotAtTheLayoutsAllocationsAndSkipsProvenCopies) {
-  WeightInjector inj(injector_driver(), env("f00d"), make_slot(3, "engine"));
+  WeightInjector inj(injector_driver(), env("f00d"), make_slot(3, LayoutKind::engine));
   DeterministicLayout layout(layout_driver(), kBase);
   layout.set_backing(&inj);
   CUdeviceptr a = 0, b = 0;
@@ -240,7 +241,7 @@ TEST_F(WeightInjectorTest, ZeroCopyMapsTheSlotAtTheLayoutsAllocationsAndSkipsPro
 }
 
 TEST_F(WeightInjectorTest, ZeroCopyNeedsTheRecordTheSlotWasBuiltFrom) {
-  WeightInjector inj(injector_driver(), env("beef"), make_slot(3, "engine"));
+  WeightInjector inj(injector_driver(), env("beef"), make_slot(3, LayoutKind::engine));
   DeterministicLayout layout(layout_driver(), kBase + (1ull << 40));  // past the first region
   ASSERT_TRUE(layout.active());
   layout.set_backing(&inj);
