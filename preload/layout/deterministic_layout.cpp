@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace thaw::preload {
 
 bool LayoutDriver::complete() const {
@@ -156,13 +158,24 @@ void DeterministicLayout::set_backing(PageBacking* backing) {
 }
 
 bool DeterministicLayout::overlaps_live_locked(CUdeviceptr va, std::uint64_t size) {
-  // Only a reservation the caller placed at a fixed address ahead of the cursor can be
-  // there: the sequence cannot go on at its addresses, so the layout stops.
+  // Only a reservation the caller placed at a fixed address can be there — ahead of the
+  // cursor, or begun in freed VA behind it and running past it: the sequence cannot go on
+  // at its addresses, so the layout stops.
   auto next = live_.lower_bound(va);
-  if (next == live_.end() || next->first >= va + size) return false;
+  auto in_the_way = live_.end();
+  if (next != live_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->second.base + std::max<std::uint64_t>(prev->second.size, prev->second.mapped) > va) {
+      in_the_way = prev;
+    }
+  }
+  if (in_the_way == live_.end() && next != live_.end() && next->first < va + size) {
+    in_the_way = next;
+  }
+  if (in_the_way == live_.end()) return false;
   stop_locked(fmt::format(
       "a reservation placed at the fixed address {:#x} lies where allocation {} would go",
-      next->first, next_index_));
+      in_the_way->first, next_index_));
   return true;
 }
 

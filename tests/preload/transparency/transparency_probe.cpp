@@ -23,6 +23,10 @@
 //       a created context after cuCtxDestroy, of the primary context after its last
 //       cuDevicePrimaryCtxRelease (and not after an earlier one), and after
 //       cuDevicePrimaryCtxReset: gone (attributes, cuMemFree, free memory) — the rest kept.
+//   transparency_probe <libcuda.so.1> vmm-share [options]
+//       forks first; both sides initialise; one creates POSIX-fd-shareable memory, fills it
+//       and sends the descriptor, the other imports, maps, reads and writes it, the exporter
+//       reads the importer's bytes — in variants the options choose (see vmm_share below).
 //   transparency_probe <libcuda.so.1> capture
 //       "potentially unsafe" calls during stream captures: cuMemAlloc and cuMemFree refused
 //       by a GLOBAL capture (begun with the original modeless entry point, or on the
@@ -376,6 +380,306 @@ int vmm_fork(const Driver& d) {
   return 0;
 }
 
+// --- vmm-share ---
+
+// A first client of POSIX-fd VMM sharing written from the driver documentation: fork first,
+// then both sides initialise; one exports, the other imports, maps, writes; the exporter reads.
+// Options (argv[3...]):
+//   child-exports        the child exports, the parent imports (default: the other way)
+//   alloc-first          the exporter makes a cuMemAlloc first
+//   importer-alloc       the importer makes a cuMemAlloc first
+//   importer-freed=N     the importer allocates N granules and frees them first
+//   importer-fixed       the importer reserves at the exporter's address
+//   importer-staging     the importer makes a cuMemAlloc between its reserve and its map
+//   recommended          RECOMMENDED granularity (default MINIMUM)
+//   granules=N count=N   each allocation's size in granules; how many are shared
+//   import-offset        the importer maps one granule into its reservation
+//   remap                the exporter unmaps and maps its memory again before reading
+//   write=memset8|memset32|memset32-async|htod|htod-async|dtod|dtod-async
+//   read=dtoh|dtoh-async (async ones on a non-blocking stream)
+struct ShareOptions {
+  bool child_exports = false;
+  bool alloc_first = false;
+  bool importer_alloc = false;
+  bool recommended = false;
+  size_t granules = 2;
+  int count = 1;
+  bool import_offset = false;
+  bool remap = false;
+  std::string write = "htod";
+  std::string read = "dtoh";
+  bool importer_fixed = false;    // the importer reserves at the exporter's address
+  size_t importer_freed = 0;      // granules the importer allocates and frees first
+  bool importer_staging = false;  // a cuMemAlloc between the importer's reserve and map
+};
+
+struct ShareCalls {
+  CUresult (*memset8)(CUdeviceptr, unsigned char, size_t);
+  CUresult (*memset32_async)(CUdeviceptr, unsigned int, size_t, CUstream);
+  CUresult (*htod_async)(CUdeviceptr, const void*, size_t, CUstream);
+  CUresult (*dtoh_async)(void*, CUdeviceptr, size_t, CUstream);
+  CUresult (*dtod)(CUdeviceptr, CUdeviceptr, size_t);
+  CUresult (*dtod_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*stream_create)(CUstream*, unsigned);
+  CUresult (*stream_sync)(CUstream);
+  CUresult (*stream_destroy)(CUstream);
+};
+
+ShareCalls share_calls() {
+  ShareCalls c{};
+  c.memset8 = get<decltype(c.memset8)>("cuMemsetD8");
+  c.memset32_async = get<decltype(c.memset32_async)>("cuMemsetD32Async");
+  c.htod_async = get<decltype(c.htod_async)>("cuMemcpyHtoDAsync");
+  c.dtoh_async = get<decltype(c.dtoh_async)>("cuMemcpyDtoHAsync");
+  c.dtod = get<decltype(c.dtod)>("cuMemcpyDtoD");
+  c.dtod_async = get<decltype(c.dtod_async)>("cuMemcpyDtoDAsync");
+  c.stream_create = get<decltype(c.stream_create)>("cuStreamCreate");
+  c.stream_sync = get<decltype(c.stream_sync)>("cuStreamSynchronize");
+  c.stream_destroy = get<decltype(c.stream_destroy)>("cuStreamDestroy");
+  return c;
+}
+
+size_t share_granularity(const Driver& d, const ShareOptions& o) {
+  size_t g = 0;
+  const CUmemAllocationProp prop = shareable_prop();
+  (void)d.granularity(
+      &g, &prop,
+      o.recommended ? CU_MEM_ALLOC_GRANULARITY_RECOMMENDED : CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  return g;
+}
+
+// Reads words at the start, middle and end of [va, va + size) with the chosen method.
+void share_read(const Driver& d, const ShareCalls& c, const ShareOptions& o, const char* side,
+                const std::string& what, CUdeviceptr va, size_t size) {
+  const size_t at[3] = {0, size / 2, size - 4};
+  const char* names[3] = {".first", ".mid", ".last"};
+  CUstream s = nullptr;
+  if (o.read == "dtoh-async") say(side, (what + ".stream").c_str(), c.stream_create(&s, 1));
+  for (int i = 0; i < 3; ++i) {
+    unsigned word = 0xdeadbeef;
+    CUresult r;
+    if (o.read == "dtoh-async") {
+      r = c.dtoh_async(&word, va + at[i], 4, s);
+      if (r == CUDA_SUCCESS) r = c.stream_sync(s);
+    } else {
+      r = d.dtoh(&word, va + at[i], 4);
+    }
+    say(side, (what + names[i] + ".read").c_str(), r);
+    say(side, (what + names[i]).c_str(), word);
+  }
+  if (s != nullptr) (void)c.stream_destroy(s);
+}
+
+CUresult share_write(const Driver& d, const ShareCalls& c, const ShareOptions& o, CUdeviceptr va,
+                     size_t size, unsigned word) {
+  CUstream s = nullptr;
+  CUresult r = CUDA_SUCCESS;
+  const bool async = o.write.find("async") != std::string::npos;
+  if (async && (r = c.stream_create(&s, 1)) != CUDA_SUCCESS) return r;
+  std::vector<unsigned> words(size / 4, word);
+  CUdeviceptr tmp = 0;
+  if (o.write == "memset8") {
+    r = c.memset8(va, static_cast<unsigned char>(word), size);
+  } else if (o.write == "memset32") {
+    r = d.memset32(va, word, size / 4);
+  } else if (o.write == "memset32-async") {
+    r = c.memset32_async(va, word, size / 4, s);
+  } else if (o.write == "htod") {
+    r = d.htod(va, words.data(), size);
+  } else if (o.write == "htod-async") {
+    r = c.htod_async(va, words.data(), size, s);
+  } else if (o.write == "dtod" || o.write == "dtod-async") {
+    r = d.alloc(&tmp, size);
+    if (r == CUDA_SUCCESS) r = d.htod(tmp, words.data(), size);
+    if (r == CUDA_SUCCESS) r = async ? c.dtod_async(va, tmp, size, s) : c.dtod(va, tmp, size);
+  } else {
+    std::fprintf(stderr, "unknown write %s\n", o.write.c_str());
+    std::exit(2);
+  }
+  if (r == CUDA_SUCCESS && async) r = c.stream_sync(s);
+  if (r == CUDA_SUCCESS) r = d.synchronize();
+  if (tmp != 0) (void)d.free(tmp);
+  if (s != nullptr) (void)c.stream_destroy(s);
+  return r;
+}
+
+constexpr unsigned kExporterFill = 0x11111111u;
+constexpr unsigned kImporterFill = 0x22222222u;
+
+int share_importer(const Driver& d, const ShareCalls& c, const ShareOptions& o, int sock) {
+  std::vector<int> fds;
+  for (int i = 0; i < o.count; ++i) fds.push_back(recv_fd(sock));
+  say("importer", "received", fds.back() >= 0);
+  CUdeviceptr exporter_va = 0;
+  say("importer", "received.va", ::read(sock, &exporter_va, sizeof exporter_va));
+  say("importer", "init", init_context(d));
+  const size_t g = share_granularity(d, o);
+  const size_t size = g * o.granules;
+  CUdeviceptr mine = 0;
+  if (o.importer_alloc) say("importer", "alloc", d.alloc(&mine, 4096));
+  if (o.importer_freed != 0) {
+    CUdeviceptr freed = 0;
+    say("importer", "alloc.freed", d.alloc(&freed, o.importer_freed * g));
+    say("importer", "free.freed", d.free(freed));
+  }
+  const size_t lead = o.import_offset ? g : 0;
+  const CUmemAccessDesc rw = read_write();
+  std::vector<CUmemGenericAllocationHandle> handles(o.count, 0);
+  CUdeviceptr va = 0;
+  const size_t total = lead + size * o.count;
+  say("importer", "reserve",
+      d.reserve(&va, total, 0, o.importer_fixed ? exporter_va - lead : 0, 0));
+  if (o.importer_fixed) say("importer", "reserve.where_asked", va == exporter_va - lead);
+  CUdeviceptr staging = 0;
+  if (o.importer_staging) say("importer", "alloc.staging", d.alloc(&staging, 2 * size));
+  for (int i = 0; i < o.count; ++i) {
+    const std::string n = "[" + std::to_string(i) + "]";
+    say("importer", ("import" + n).c_str(),
+        d.import_fd(&handles[i], reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[i])),
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    ::close(fds[i]);
+    const CUdeviceptr at = va + lead + i * size;
+    say("importer", ("map" + n).c_str(), d.map(at, size, 0, handles[i], 0));
+    say("importer", ("set_access" + n).c_str(), d.set_access(at, size, &rw, 1));
+    share_read(d, c, o, "importer", "exporter_bytes" + n, at, size);
+    say("importer", ("write" + n).c_str(),
+        share_write(d, c, o, at, size, kImporterFill + static_cast<unsigned>(i)));
+    share_read(d, c, o, "importer", "own_bytes" + n, at, size);
+  }
+  for (int i = 0; i < o.count; ++i) {
+    const std::string n = "[" + std::to_string(i) + "]";
+    say("importer", ("unmap" + n).c_str(), d.unmap(va + lead + i * size, size));
+    say("importer", ("release" + n).c_str(), d.release(handles[i]));
+  }
+  say("importer", "address_free", d.address_free(va, total));
+  if (staging != 0) say("importer", "free.staging", d.free(staging));
+  if (mine != 0) say("importer", "free", d.free(mine));
+  std::fflush(stdout);
+  char done = 'd';
+  return ::write(sock, &done, 1) == 1 ? 0 : 5;
+}
+
+int vmm_share(const Driver& d, const std::vector<std::string>& args) {
+  ShareOptions o;
+  for (const std::string& a : args) {
+    if (a == "child-exports")
+      o.child_exports = true;
+    else if (a == "alloc-first")
+      o.alloc_first = true;
+    else if (a == "importer-alloc")
+      o.importer_alloc = true;
+    else if (a == "recommended")
+      o.recommended = true;
+    else if (a == "import-offset")
+      o.import_offset = true;
+    else if (a == "remap")
+      o.remap = true;
+    else if (a.rfind("granules=", 0) == 0)
+      o.granules = std::stoul(a.substr(9));
+    else if (a.rfind("count=", 0) == 0)
+      o.count = std::stoi(a.substr(6));
+    else if (a.rfind("write=", 0) == 0)
+      o.write = a.substr(6);
+    else if (a.rfind("read=", 0) == 0)
+      o.read = a.substr(5);
+    else if (a == "importer-fixed")
+      o.importer_fixed = true;
+    else if (a == "importer-staging")
+      o.importer_staging = true;
+    else if (a.rfind("importer-freed=", 0) == 0)
+      o.importer_freed = std::stoul(a.substr(15));
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  // One flush per process at known points, so the two processes' lines never interleave.
+  static char buffer[1 << 20];
+  std::setvbuf(stdout, buffer, _IOFBF, sizeof buffer);
+  int socks[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, socks) != 0) return 2;
+  const pid_t pid = ::fork();
+  if (pid < 0) return 2;
+  const bool exporter = (pid == 0) == o.child_exports;
+  const int sock = pid == 0 ? socks[1] : socks[0];
+  ::close(pid == 0 ? socks[0] : socks[1]);
+  const ShareCalls c = share_calls();
+  if (!exporter) {
+    const int rc = share_importer(d, c, o, sock);
+    if (pid == 0) ::_exit(rc);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return rc;
+  }
+  // The exporter: shares, waits for the importer, then reads.
+  CUdeviceptr va = 0;
+  const int rc = [&] {
+    say("exporter", "init", init_context(d));
+    const size_t g = share_granularity(d, o);
+    const size_t size = g * o.granules;
+    const CUmemAllocationProp prop = shareable_prop();
+    const CUmemAccessDesc rw = read_write();
+    CUdeviceptr first = 0;
+    if (o.alloc_first) say("exporter", "alloc", d.alloc(&first, 4096));
+    std::vector<CUmemGenericAllocationHandle> handles(o.count, 0);
+    say("exporter", "reserve", d.reserve(&va, size * o.count, 0, 0, 0));
+    for (int i = 0; i < o.count; ++i) {
+      const std::string n = "[" + std::to_string(i) + "]";
+      const CUdeviceptr at = va + i * size;
+      say("exporter", ("create" + n).c_str(), d.create(&handles[i], size, &prop, 0));
+      say("exporter", ("map" + n).c_str(), d.map(at, size, 0, handles[i], 0));
+      say("exporter", ("set_access" + n).c_str(), d.set_access(at, size, &rw, 1));
+      say("exporter", ("fill" + n).c_str(),
+          d.memset32(at, kExporterFill + static_cast<unsigned>(i), size / 4));
+    }
+    say("exporter", "sync", d.synchronize());
+    bool sent = true;
+    for (int i = 0; i < o.count; ++i) {
+      int fd = -1;
+      say("exporter", "export",
+          d.export_fd(&fd, handles[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+      sent = sent && fd >= 0 && send_fd(sock, fd);
+      if (fd >= 0) ::close(fd);
+    }
+    sent = sent && ::write(sock, &va, sizeof va) == sizeof va;
+    char done = 0;
+    const bool heard = sent && ::read(sock, &done, 1) == 1;
+    if (pid != 0) {
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      std::fflush(stdout);  // the child's lines come first
+      say("exporter", "child_exit",
+          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    }
+    say("exporter", "heard", heard);
+    for (int i = 0; i < o.count; ++i) {
+      const std::string n = "[" + std::to_string(i) + "]";
+      const CUdeviceptr at = va + i * size;
+      if (o.remap) {
+        say("exporter", ("remap.unmap" + n).c_str(), d.unmap(at, size));
+        say("exporter", ("remap.map" + n).c_str(), d.map(at, size, 0, handles[i], 0));
+        say("exporter", ("remap.set_access" + n).c_str(), d.set_access(at, size, &rw, 1));
+      }
+      share_read(d, c, o, "exporter", "importer_bytes" + n, at, size);
+    }
+    for (int i = 0; i < o.count; ++i) {
+      const std::string n = "[" + std::to_string(i) + "]";
+      say("exporter", ("unmap" + n).c_str(), d.unmap(va + i * size, size));
+      say("exporter", ("release" + n).c_str(), d.release(handles[i]));
+    }
+    say("exporter", "address_free", d.address_free(va, size * o.count));
+    if (first != 0) say("exporter", "free", d.free(first));
+    return 0;
+  }();
+  std::fflush(stdout);
+  if (pid == 0) {
+    char done = 'd';
+    (void)::write(sock, &done, 1);
+    ::_exit(rc);
+  }
+  return rc;
+}
+
 // --- vmm-fixed-va ---
 
 // Inside the shim's default region (THAW_PRELOAD_VA_BASE 0x200000000000, 4 x the 1 GiB
@@ -585,10 +889,15 @@ int capture(const Driver& d) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[2]) == "vmm-share") {
+    const Driver d = load(argv[1]);
+    return vmm_share(d, std::vector<std::string>(argv + 3, argv + argc));
+  }
   if (argc != 3) {
     std::fprintf(stderr,
                  "usage: transparency_probe <libcuda.so.1> "
-                 "vmm-bounds|vmm-fork|vmm-fixed-va|context-teardown|capture\n");
+                 "vmm-bounds|vmm-fork|vmm-fixed-va|context-teardown|capture|"
+                 "vmm-share [options]\n");
     return 2;
   }
   const Driver d = load(argv[1]);
