@@ -50,7 +50,7 @@ struct ThawdConfig {
   std::uint64_t pcie_bytes_per_s = 0;     // host → GPU; 0 = unknown
   // launch-worker tasks: argv with {model} {key} {stage} {stages} {gpu} {plan} replaced
   std::vector<std::string> worker_command;
-  std::filesystem::path worker_preload = "/usr/lib/thaw/libthaw-preload.so";
+  std::filesystem::path worker_preload = "/usr/lib/x86_64-linux-gnu/libthaw-preload.so";
 
   bool operator==(const ThawdConfig&) const = default;
 };
