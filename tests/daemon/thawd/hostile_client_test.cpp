@@ -21,6 +21,8 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
+#include <string>
 
 #include "common/proto/seqpacket.hpp"
 #include "thawd_fixture.hpp"
@@ -102,6 +104,30 @@ std::size_t open_fds(pid_t pid) {
     ++n;
   }
   return n;
+}
+
+// What each descriptor of `pid` refers to ("7 -> socket:[123]"), for failure messages.
+std::set<std::string> fd_targets(pid_t pid) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(fmt::format("/proc/{}/fd", pid), ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code link_ec;
+    const fs::path target = fs::read_symlink(it->path(), link_ec);
+    out.insert(it->path().filename().string() + " -> " + (link_ec ? "?" : target.string()));
+  }
+  return out;
+}
+
+std::string new_fds(const std::set<std::string>& before, const std::set<std::string>& now) {
+  std::string out;
+  for (const std::string& f : now) {
+    if (!before.contains(f)) out += "\n  new: " + f;
+  }
+  for (const std::string& f : before) {
+    if (!now.contains(f)) out += "\n  gone: " + f;
+  }
+  return out;
 }
 
 // open_fds once two counts 200 ms apart agree (at most 10 s).
@@ -292,6 +318,7 @@ TEST_F(HostileClientTest, HostileShimClientsLeaveThawdServingAndHoldingNothing) 
   // (a closed client's descriptor goes when thawd's loop gets to it, which on a loaded
   // machine takes longer than any fixed pause).
   const std::size_t fds_before = steady_fd_count(thawd_pid());
+  const std::set<std::string> fd_targets_before = fd_targets(thawd_pid());
   ASSERT_GT(fds_before, 0u);
   FdZoo zoo(dir_.path());
 
@@ -465,7 +492,8 @@ TEST_F(HostileClientTest, HostileShimClientsLeaveThawdServingAndHoldingNothing) 
   ASSERT_TRUE(thawd_alive()) << log();
   expect_correct_answers();
   EXPECT_TRUE(eventually([&] { return open_fds(thawd_pid()) == fds_before; }, 20s))
-      << open_fds(thawd_pid()) << " descriptors open, " << fds_before << " before";
+      << open_fds(thawd_pid()) << " descriptors open, " << fds_before
+      << " before:" << new_fds(fd_targets_before, fd_targets(thawd_pid()));
   EXPECT_TRUE(eventually([&] { return pool_free_bytes() == free_before; }, 20s))
       << pool_free_bytes() << " pool bytes free, " << free_before << " before";
   EXPECT_EQ(stop_thawd(), 0) << log();
