@@ -211,8 +211,9 @@ void NodeService::run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_pt
 
 void NodeService::wait_for_returned_pages(std::uint32_t gpu_index, std::uint64_t bytes) {
   // An engine that just exited may still hold the pool's pages it was lent (the driver frees
-  // a process's memory a moment after it is gone): a prewarm started then waits for them
-  // rather than failing for want of pages that are on their way back — a few seconds at
+  // a process's memory a moment after it is gone), and a slot just deactivated may still be
+  // draining its KV cache: a prewarm started then waits for them rather than failing for
+  // want of pages that are on their way back — a few seconds at
   // most, and never while another engine still needs the driver's room.
   vmm::GpuMemory& gpu = *gpus_[gpu_index];
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -222,8 +223,12 @@ void NodeService::wait_for_returned_pages(std::uint32_t gpu_index, std::uint64_t
       if (engine_needs_driver_room_locked(gpu_index)) return;
       (void)gpu.take_back_returned();
     }
+    // A slot just deactivated gives its KV pages back on the GPU's worker, a moment later:
+    // those are on their way back too.
+    bool draining = false;
+    for (const vmm::SlotInfo& s : gpu.slots()) draining |= s.state == vmm::SlotState::draining;
     const vmm::PoolInfo pool = gpu.pool();
-    if (pool.returned == 0 || pool.free * pool.page_bytes >= bytes ||
+    if ((pool.returned == 0 && !draining) || pool.free * pool.page_bytes >= bytes ||
         std::chrono::steady_clock::now() >= deadline) {
       return;
     }
