@@ -123,32 +123,7 @@ start_nginx() {
   local name=$1 listen=$2 netns=${3:-}
   local dir="$WORK/nginx-$name"
   mkdir -p "$dir"
-  cat >"$dir/nginx.conf" <<EOF
-worker_processes 2;
-pid $dir/nginx.pid;
-error_log $dir/error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  sendfile on;
-  tcp_nopush on;
-  tcp_nodelay on;
-  keepalive_requests 100000;
-  keepalive_timeout 120s;
-  client_body_temp_path $dir/body;
-  proxy_temp_path $dir/proxy;
-  fastcgi_temp_path $dir/fastcgi;
-  uwsgi_temp_path $dir/uwsgi;
-  scgi_temp_path $dir/scgi;
-  default_type application/octet-stream;
-  server {
-    listen $listen reuseport;
-    root $REGISTRY_ROOT;
-    autoindex on;
-    autoindex_format json;
-  }
-}
-EOF
+  write_nginx_conf "$dir" "$REGISTRY_ROOT" "$listen" reuseport
   local -a ns=()
   [[ -n $netns ]] && ns=(ip netns exec "$netns")
   "${ns[@]}" /usr/sbin/nginx -c "$dir/nginx.conf" -g 'daemon off;' 2>>"$dir/stderr" &

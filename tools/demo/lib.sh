@@ -58,16 +58,12 @@ port_listened() {
     /proc/net/tcp /proc/net/tcp6 2>/dev/null
 }
 
-# start_nginx NGINX ROOT PROBE: a non-daemon nginx serving ROOT on a free loopback port, with
-# sendfile and keep-alive; PROBE is a path under ROOT it must serve before we go on. Sets
-# NGINX_PID and NGINX_PORT. A port taken between the check and nginx's bind is retried.
-start_nginx() {
-  local nginx=$1 root=$2 probe=$3 dir="$WORK/nginx" port try i
-  mkdir -p "$dir"
-  for ((try = 0; try < 10; try++)); do
-    port=$((20000 + RANDOM % 40000))
-    port_listened "$port" && continue
-    cat >"$dir/nginx.conf" <<CONF
+# write_nginx_conf DIR ROOT LISTEN [LISTEN_OPTIONS]: DIR/nginx.conf for a non-daemon nginx
+# serving ROOT (JSON directory listings) on LISTEN with sendfile and long keep-alive; its pid,
+# logs and temporary files stay in DIR. Shared with bench/store/lib.sh.
+write_nginx_conf() {
+  local dir=$1 root=$2 listen=$3 options=${4:-}
+  cat >"$dir/nginx.conf" <<CONF
 worker_processes 2;
 pid $dir/nginx.pid;
 error_log $dir/error.log warn;
@@ -86,13 +82,25 @@ http {
   scgi_temp_path $dir/scgi;
   default_type application/octet-stream;
   server {
-    listen 127.0.0.1:$port;
+    listen $listen${options:+ $options};
     root $root;
     autoindex on;
     autoindex_format json;
   }
 }
 CONF
+}
+
+# start_nginx NGINX ROOT PROBE: a non-daemon nginx serving ROOT on a free loopback port, with
+# sendfile and keep-alive; PROBE is a path under ROOT it must serve before we go on. Sets
+# NGINX_PID and NGINX_PORT. A port taken between the check and nginx's bind is retried.
+start_nginx() {
+  local nginx=$1 root=$2 probe=$3 dir="$WORK/nginx" port try i
+  mkdir -p "$dir"
+  for ((try = 0; try < 10; try++)); do
+    port=$((20000 + RANDOM % 40000))
+    port_listened "$port" && continue
+    write_nginx_conf "$dir" "$root" "127.0.0.1:$port"
     "$nginx" -c "$dir/nginx.conf" -g 'daemon off;' 2>>"$dir/stderr" &
     NGINX_PID=$!
     defer "kill -TERM $NGINX_PID; wait $NGINX_PID"
