@@ -52,7 +52,10 @@ std::expected<Packet, ReceiveError> receive_packet(int socket) {
     n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n < 0) return std::unexpected(ReceiveError{ReceiveErrc::io, std::strerror(errno)});
-  if (n == 0) return std::unexpected(ReceiveError{ReceiveErrc::closed, "peer closed"});
+  // Every descriptor the kernel installed is owned before anything is decided about the
+  // packet, so each early return below closes them. (An empty packet is one such case:
+  // SOCK_SEQPACKET delivers a zero-length message with descriptors attached, and it reads
+  // as 0 bytes just like the peer's close — returning before this loop leaked them.)
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -61,6 +64,14 @@ std::expected<Packet, ReceiveError> receive_packet(int socket) {
       std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
       out.fds.emplace_back(fd);
     }
+  }
+  if (n == 0 && out.fds.empty() && (msg.msg_flags & MSG_CTRUNC) == 0) {
+    // A close, or an empty message without descriptors: both end the conversation.
+    return std::unexpected(ReceiveError{ReceiveErrc::closed, "peer closed"});
+  }
+  if (n == 0) {
+    return std::unexpected(ReceiveError{ReceiveErrc::malformed,
+                                        "an empty message carrying descriptors (closed unread)"});
   }
   if ((msg.msg_flags & MSG_CTRUNC) != 0) {
     return std::unexpected(

@@ -349,6 +349,12 @@ TEST_F(HostileClientTest, HostileShimClientsLeaveThawdServingAndHoldingNothing) 
     ASSERT_TRUE(extra.send(MessageType::open_file, {{"model", "gpt-syn"}, {"path", "config.json"}},
                            {zoo.get("pipe"), zoo.get("eventfd")}));
     EXPECT_TRUE(extra.closed_by_thawd());
+    // An empty packet with descriptors reads like a close (0 bytes): its descriptors were
+    // once kept forever that way.
+    Client empty(socket_path());
+    ASSERT_TRUE(empty.hello());
+    ASSERT_TRUE(send_packet(empty.fd(), {}, {zoo.get("/dev/null"), zoo.get("directory")}));
+    EXPECT_TRUE(empty.closed_by_thawd());
   }
 
   // 2. Random frames, truncated and oversized ones, reply kinds and unknown kinds, requests
