@@ -22,8 +22,10 @@ std::string loader_code_name(CUresult code) {
 }
 
 constexpr std::string_view kPointAtDriver =
-    "set THAW_LIBCUDA to the driver library to use, e.g. the emulator at "
-    "build/default/emu/libcuda.so.1";
+    "install NVIDIA's driver, or set THAW_LIBCUDA to the driver library to use: thaw's "
+    "emulator is /usr/lib/x86_64-linux-gnu/thaw-emulator/libcuda.so.1 from the thaw-emulator "
+    "package (its thawd drop-in: /usr/share/thaw-emulator/thawd-emulator.conf), "
+    "build/default/emu/libcuda.so.1 in a source build";
 
 }  // namespace
 

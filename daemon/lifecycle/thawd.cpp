@@ -229,7 +229,19 @@ Thawd::~Thawd() {
   service_.reset();
   for (sd_event_source* s : sources_) sd_event_source_unref(s);
   // GPU memory first: every slot and page back to the driver before the process exits.
+  std::size_t pages = 0, page_bytes = 0;
+  for (const auto& gpu : gpus_) {
+    const vmm::PoolInfo pool = gpu->pool();
+    pages += pool.pages;
+    page_bytes += pool.pages * pool.page_bytes;
+  }
+  const std::size_t gpu_count = gpus_.size();
   gpus_.clear();
+  if (gpu_count > 0) {
+    log(LogLevel::notice,
+        fmt::format("stopped: gave {} GPU page(s) ({}) of {} GPU(s) back to the driver", pages,
+                    text::format_bytes(static_cast<double>(page_bytes)), gpu_count));
+  }
   if (event_ != nullptr) sd_event_unref(event_);
 }
 
