@@ -152,10 +152,15 @@ class Reader {
   void artifact_kind(const char* key, ArtifactKind& out) {
     std::string s;
     string(key, s, Str::name);
-    if (ok() && s != to_string(ArtifactKind::layout)) {
-      fail(key, fmt::format("is {}; the only artifact kind is \"layout\"", proto::quoted(s)));
+    if (!ok()) return;
+    if (s == to_string(ArtifactKind::layout)) {
+      out = ArtifactKind::layout;
+    } else if (s == to_string(ArtifactKind::kvcache)) {
+      out = ArtifactKind::kvcache;
+    } else {
+      fail(key, fmt::format("is {}, not \"{}\" or \"{}\"", proto::quoted(s),
+                            to_string(ArtifactKind::layout), to_string(ArtifactKind::kvcache)));
     }
-    out = ArtifactKind::layout;
   }
   // A list of 1 to `most` integers, each at most `hi`.
   void u64_list(const char* key, std::vector<std::uint64_t>& out, std::size_t most,
@@ -503,7 +508,13 @@ bool is_known(std::uint16_t type) {
          type <= static_cast<std::uint16_t>(MessageType::ipc_exported);
 }
 
-std::string_view to_string(ArtifactKind) {
+std::string_view to_string(ArtifactKind kind) {
+  switch (kind) {
+    case ArtifactKind::kvcache:
+      return "kvcache";
+    case ArtifactKind::layout:
+      break;
+  }
   return "layout";
 }
 

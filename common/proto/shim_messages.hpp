@@ -38,7 +38,8 @@ inline constexpr std::uint32_t kMagic = 0x57414854;  // "THAW" in memory order
 // 2: typed bodies (exact field sets), hello without pid, file without chunk_size and
 // chunk_count, slot without gpu and weight_bytes, 4-field layout rows, slot_pages as a list
 // of offsets, replies of their own type for lease_memory and export_ipc.
-inline constexpr std::uint16_t kProtocolVersion = 2;
+// 3: artifact kind "kvcache" (an engine's KV-cache sizing, preload/restore).
+inline constexpr std::uint16_t kProtocolVersion = 3;
 inline constexpr std::size_t kHeaderBytes = 16;
 inline constexpr std::size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr std::size_t kMaxFdsPerMessage = 128;  // below the kernel's SCM_MAX_FD (253)
@@ -103,8 +104,10 @@ void write_frame_header(const FrameHeader& header, std::byte* out);
 // type thawd's slots, this message and the shim's grant share; text only in the JSON body.
 using layout::LayoutKind;
 
-// What a recorded artifact is. Only one kind exists; new kinds are a new protocol version.
-enum class ArtifactKind : std::uint8_t { layout };
+// What a recorded artifact is: the deterministic layout's record, or the KV-cache sizing an
+// engine reported through the restore ABI (preload/restore). New kinds are a new protocol
+// version.
+enum class ArtifactKind : std::uint8_t { layout, kvcache };
 std::string_view to_string(ArtifactKind kind);
 
 struct ArtifactIdentity {
