@@ -153,14 +153,15 @@ class Reader {
     std::string s;
     string(key, s, Str::name);
     if (!ok()) return;
-    if (s == to_string(ArtifactKind::layout)) {
-      out = ArtifactKind::layout;
-    } else if (s == to_string(ArtifactKind::kvcache)) {
-      out = ArtifactKind::kvcache;
-    } else {
-      fail(key, fmt::format("is {}, not \"{}\" or \"{}\"", proto::quoted(s),
-                            to_string(ArtifactKind::layout), to_string(ArtifactKind::kvcache)));
+    for (ArtifactKind kind : {ArtifactKind::layout, ArtifactKind::kvcache, ArtifactKind::graphs}) {
+      if (s == to_string(kind)) {
+        out = kind;
+        return;
+      }
     }
+    fail(key, fmt::format("is {}, not \"{}\", \"{}\" or \"{}\"", proto::quoted(s),
+                          to_string(ArtifactKind::layout), to_string(ArtifactKind::kvcache),
+                          to_string(ArtifactKind::graphs)));
   }
   // A list of 1 to `most` integers, each at most `hi`.
   void u64_list(const char* key, std::vector<std::uint64_t>& out, std::size_t most,
@@ -512,6 +513,8 @@ std::string_view to_string(ArtifactKind kind) {
   switch (kind) {
     case ArtifactKind::kvcache:
       return "kvcache";
+    case ArtifactKind::graphs:
+      return "graphs";
     case ArtifactKind::layout:
       break;
   }

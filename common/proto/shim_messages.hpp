@@ -39,7 +39,8 @@ inline constexpr std::uint32_t kMagic = 0x57414854;  // "THAW" in memory order
 // chunk_count, slot without gpu and weight_bytes, 4-field layout rows, slot_pages as a list
 // of offsets, replies of their own type for lease_memory and export_ipc.
 // 3: artifact kind "kvcache" (an engine's KV-cache sizing, preload/restore).
-inline constexpr std::uint16_t kProtocolVersion = 3;
+// 4: artifact kind "graphs" (the CUDA graphs an engine captured, preload/artifact).
+inline constexpr std::uint16_t kProtocolVersion = 4;
 inline constexpr std::size_t kHeaderBytes = 16;
 inline constexpr std::size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr std::size_t kMaxFdsPerMessage = 128;  // below the kernel's SCM_MAX_FD (253)
@@ -104,10 +105,10 @@ void write_frame_header(const FrameHeader& header, std::byte* out);
 // type thawd's slots, this message and the shim's grant share; text only in the JSON body.
 using layout::LayoutKind;
 
-// What a recorded artifact is: the deterministic layout's record, or the KV-cache sizing an
-// engine reported through the restore ABI (preload/restore). New kinds are a new protocol
-// version.
-enum class ArtifactKind : std::uint8_t { layout, kvcache };
+// What a recorded artifact is: the deterministic layout's record, the KV-cache sizing an
+// engine reported through the restore ABI (preload/restore), or the CUDA graphs it captured
+// (common/graphs, recorded by preload/artifact). New kinds are a new protocol version.
+enum class ArtifactKind : std::uint8_t { layout, kvcache, graphs };
 std::string_view to_string(ArtifactKind kind);
 
 struct ArtifactIdentity {

@@ -18,7 +18,7 @@
 // connection (and only that one). A version thawd does not speak gets an `error` reply naming
 // the version it does, then the connection is closed.
 //
-// Conversation (client → thawd, thawd → client), protocol version 3:
+// Conversation (client → thawd, thawd → client), protocol version 4:
 //   hello {client, engine}                          → hello_ok {protocol, node_id, version}
 //                                                     (must come first; refused peers get
 //                                                      error AccessDenied and a close)
@@ -59,8 +59,8 @@
 //                                                      the exporting connection closes)
 //   import_ipc {token}                              → ipc {bytes} + fd
 //                                                     or error UnknownIpcHandle
-// `kind` of an artifact: "layout" or "kvcache". `identity`: {engine, model, gpu, driver}
-// (non-empty strings, driver the version).
+// `kind` of an artifact: "layout", "kvcache" or "graphs". `identity`: {engine, model, gpu,
+// driver} (non-empty strings, driver the version).
 // Any request may instead get error {name, message} (name: org.thaw.Error.* as on D-Bus).
 // When the connection closes, everything the client held is given back.
 //

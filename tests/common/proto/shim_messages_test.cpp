@@ -164,6 +164,7 @@ TEST(ShimMessages, BodiesAreExact) {
   const nlohmann::json id = {{"engine", "e"}, {"model", "m"}, {"gpu", "g"}, {"driver", "1"}};
   EXPECT_EQ(decode_raw(MessageType::get_artifact, {{"kind", "layout"}, {"identity", id}}), "");
   EXPECT_EQ(decode_raw(MessageType::get_artifact, {{"kind", "kvcache"}, {"identity", id}}), "");
+  EXPECT_EQ(decode_raw(MessageType::get_artifact, {{"kind", "graphs"}, {"identity", id}}), "");
   EXPECT_NE(decode_raw(MessageType::get_artifact, {{"kind", "../etc"}, {"identity", id}}), "");
   auto extra = id;
   extra["more"] = "x";
