@@ -6,6 +6,8 @@
 #                         (common/proto/cluster/cluster_codec_core)
 #   shim_message_fuzz     the shim socket's codec (common/proto/shim_messages): what thawd
 #                         decodes from any local user
+#   graph_record_fuzz     the graph record codec (common/graphs/graph_record.cpp): the "graphs"
+#                         artifacts thawd keeps and the preload shim reads
 #
 #   tests/fuzz/run-libfuzzer.sh [seconds (default 60)] [extra libFuzzer flags...]
 #
@@ -17,19 +19,21 @@
 # tests/fuzz/corpus/module_image and the images nvcc builds from tests/emu/testdata;
 # build/fuzz/corpus-safetensors from tests/fuzz/corpus/safetensors and the shared tiny GPT-2;
 # build/fuzz/corpus-cluster from tests/fuzz/corpus/cluster; build/fuzz/corpus-shim from
-# tests/fuzz/corpus/shim -- and fuzzes. New interesting inputs stay in the working corpora; a
+# tests/fuzz/corpus/shim; build/fuzz/corpus-graph_record from tests/fuzz/corpus/graph_record --
+# and fuzzes. New interesting inputs stay in the working corpora; a
 # crash is written to build/fuzz/artifacts/ (safetensors ones prefixed "safetensors-", cluster
-# ones "cluster-", shim ones "shim-") and the script exits non-zero after all the runs.
+# ones "cluster-", shim ones "shim-", graph record ones "graph_record-") and the script exits non-zero after all the runs.
 # Reproduce one with
 #   build/fuzz/module_image_fuzz build/fuzz/artifacts/crash-...
 #   build/fuzz/safetensors_fuzz build/fuzz/artifacts/safetensors-crash-...
 #   build/fuzz/cluster_message_fuzz build/fuzz/artifacts/cluster-crash-...
 #   build/fuzz/shim_message_fuzz build/fuzz/artifacts/shim-crash-...
+#   build/fuzz/graph_record_fuzz build/fuzz/artifacts/graph_record-crash-...
 # or with the g++ build: build/default/tests/fuzz/<target>_replay --mutations 0 <file>.
 #
 # Environment: CXX (default: clang++-14 if present, else clang++), JOBS (build jobs, default 2),
 # FUZZ_JOBS (parallel fuzzing processes, default 1), FUZZ_TARGETS (default
-# "module_image safetensors cluster shim": which to run; one alone gets all the seconds).
+# "module_image safetensors cluster shim graph_record": which to run; one alone gets all the seconds).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -48,7 +52,7 @@ fi
 
 cmake -S "$root/tests/fuzz" -B "$build" -G Ninja \
   -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTHAW_BUILD_FUZZERS=ON >/dev/null
-read -r -a targets <<<"${FUZZ_TARGETS:-module_image safetensors cluster shim}"
+read -r -a targets <<<"${FUZZ_TARGETS:-module_image safetensors cluster shim graph_record}"
 build_targets=()
 for t in "${targets[@]}"; do
   case "$t" in
@@ -56,8 +60,9 @@ for t in "${targets[@]}"; do
     safetensors) build_targets+=(safetensors_fuzz) ;;
     cluster) build_targets+=(cluster_message_fuzz) ;;
     shim) build_targets+=(shim_message_fuzz) ;;
+    graph_record) build_targets+=(graph_record_fuzz) ;;
     *)
-      echo "run-libfuzzer.sh: unknown fuzz target '$t' (module_image, safetensors, cluster, shim)" >&2
+      echo "run-libfuzzer.sh: unknown fuzz target '$t' (module_image, safetensors, cluster, shim, graph_record)" >&2
       exit 2
       ;;
   esac
@@ -65,7 +70,7 @@ done
 cmake --build "$build" -j "${JOBS:-2}" --target "${build_targets[@]}"
 
 mkdir -p "$build/corpus" "$build/corpus-safetensors" "$build/corpus-cluster" "$build/corpus-shim" \
-  "$build/artifacts"
+  "$build/corpus-graph_record" "$build/artifacts"
 cp -n "$root/tests/fuzz/corpus/module_image/"* "$build/corpus/" 2>/dev/null || true
 for f in "$build/testdata/images/"*; do
   [[ "$f" == *.d ]] || cp -n "$f" "$build/corpus/" 2>/dev/null || true
@@ -78,6 +83,7 @@ fi
 chmod -R u+w "$build/corpus-safetensors"  # the shared copy is read-only; libFuzzer adds files
 cp -n "$root/tests/fuzz/corpus/cluster/"* "$build/corpus-cluster/" 2>/dev/null || true
 cp -n "$root/tests/fuzz/corpus/shim/"* "$build/corpus-shim/" 2>/dev/null || true
+cp -n "$root/tests/fuzz/corpus/graph_record/"* "$build/corpus-graph_record/" 2>/dev/null || true
 
 parallel=()
 if [[ "${FUZZ_JOBS:-1}" -gt 1 ]]; then  # libFuzzer then logs to fuzz-<n>.log in build/fuzz
@@ -120,6 +126,12 @@ for t in "${targets[@]}"; do
       ./shim_message_fuzz -max_total_time="${share[$t]}" -max_len=65552 -timeout=10 \
         -rss_limit_mb=4096 -artifact_prefix="$build/artifacts/shim-" -print_final_stats=1 \
         "${parallel[@]}" "$@" "$build/corpus-shim" || status=$?
+      ;;
+    graph_record)
+      echo "run-libfuzzer.sh: graph_record_fuzz for ${share[$t]}s (corpus $build/corpus-graph_record)"
+      ./graph_record_fuzz -max_total_time="${share[$t]}" -max_len=65536 -timeout=10 \
+        -rss_limit_mb=4096 -artifact_prefix="$build/artifacts/graph_record-" -print_final_stats=1 \
+        "${parallel[@]}" "$@" "$build/corpus-graph_record" || status=$?
       ;;
   esac
 done
