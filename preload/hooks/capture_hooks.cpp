@@ -1,8 +1,10 @@
 // Hooks of stream capture: they keep the runtime's StreamCaptures — which captures are in
 // progress, in which mode, begun by which thread — so that the memory hooks can tell when
-// the driver would refuse an allocation (see stream_captures.hpp). The calls themselves
-// pass to the driver unchanged; only their outcome is read, with the driver's own queries:
-// the capture id of a stream (cuStreamGetCaptureInfo) after a capture began, and again after
+// the driver would refuse an allocation (see stream_captures.hpp), and they tell the graph
+// recorder (preload/artifact/graph_recorder.hpp) where the layout's allocation sequence
+// stood when a capture began and which graph it ended with. The calls themselves pass to
+// the driver unchanged; only their outcome is read, with the driver's own queries: the
+// capture id of a stream (cuStreamGetCaptureInfo) after a capture began, and again after
 // cuStreamEndCapture, which ends the capture on success and on most errors alike.
 #include "preload/hooks/capture_hooks.hpp"
 
@@ -72,25 +74,47 @@ CUstreamCaptureMode thread_capture_mode() {
   return mode;
 }
 
-// After a successful begin: the capture the stream now takes part in.
+// Allocations the deterministic layout has served so far (0 with none).
+std::uint64_t layout_allocations() {
+  DeterministicLayout* layout = runtime().layout();
+  return layout != nullptr ? layout->allocations() : 0;
+}
+
+bool layout_active() {
+  DeterministicLayout* layout = runtime().layout();
+  return layout != nullptr && layout->active();
+}
+
+// After a successful begin: the capture the stream now takes part in, for the unsafe-call
+// rules (not RELAXED ones) and for the graph recorder (where the layout's sequence stands).
 CUresult began(CUresult r, CUstream stream, CUstreamCaptureMode mode, bool per_thread) {
-  if (r != CUDA_SUCCESS || mode == CU_STREAM_CAPTURE_MODE_RELAXED || ReentryGuard::inside()) {
-    return r;
-  }
+  if (r != CUDA_SUCCESS || ReentryGuard::inside()) return r;
   ReentryGuard guard;
-  if (auto id = capture_id(stream, per_thread)) runtime().captures().began(*id, mode);
+  GraphRecorder* graphs = config().disabled ? nullptr : runtime().graph_recorder();
+  if (mode == CU_STREAM_CAPTURE_MODE_RELAXED && graphs == nullptr) return r;
+  const std::optional<cuuint64_t> id = capture_id(stream, per_thread);
+  if (!id) return r;
+  if (mode != CU_STREAM_CAPTURE_MODE_RELAXED) runtime().captures().began(*id, mode);
+  if (graphs != nullptr) graphs->capture_began(*id, layout_allocations());
   return r;
 }
 
+// The capture ends: forgotten by the unsafe-call rules, and the graph the driver returns is
+// recorded (walked now: engines destroy it as soon as it is instantiated).
 template <typename End>
-CUresult end(End end_capture, CUstream stream, bool per_thread) {
-  // Nothing kept (no restricting capture, or only relaxed ones): nothing to forget.
-  if (!runtime().captures().any() || ReentryGuard::inside()) return end_capture();
+CUresult end(End end_capture, CUstream stream, CUgraph* graph, bool per_thread) {
+  if (ReentryGuard::inside()) return end_capture();
+  GraphRecorder* graphs = config().disabled ? nullptr : runtime().graph_recorder();
+  // Nothing kept (no restricting capture, or only relaxed ones) and nothing recorded.
+  if (!runtime().captures().any() && graphs == nullptr) return end_capture();
   ReentryGuard guard;
   const std::optional<cuuint64_t> before = capture_id(stream, per_thread);
   const CUresult r = end_capture();
   // Whatever the answer, the capture is over once the stream no longer takes part in it.
   if (before && capture_id(stream, per_thread) != before) runtime().captures().ended(*before);
+  if (r == CUDA_SUCCESS && before && graphs != nullptr && graph != nullptr && *graph != nullptr) {
+    graphs->capture_ended(*before, *graph, layout_active());
+  }
   return r;
 }
 
@@ -154,13 +178,13 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
 CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
   auto fn = real<decltype(&cuStreamEndCapture)>(Hook::stream_end_capture);
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return end([&] { return fn(stream, graph); }, stream, false);
+  return end([&] { return fn(stream, graph); }, stream, graph, false);
 }
 
 CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
   auto fn = real<decltype(&cuStreamEndCapture_ptsz)>(Hook::stream_end_capture_ptsz);
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return end([&] { return fn(stream, graph); }, stream, true);
+  return end([&] { return fn(stream, graph); }, stream, graph, true);
 }
 
 }  // extern "C"

@@ -52,6 +52,14 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream, CUgraph, const CUgraphNode*,
                                           const CUgraphEdgeData*, size_t, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
 CUresult cuStreamEndCapture_ptsz(CUstream, CUgraph*);
+CUresult cuModuleLoad(CUmodule*, const char*);
+CUresult cuModuleLoadData(CUmodule*, const void*);
+CUresult cuModuleLoadDataEx(CUmodule*, const void*, unsigned int, CUjit_option*, void**);
+CUresult cuModuleLoadFatBinary(CUmodule*, const void*);
+CUresult cuLibraryLoadData(CUlibrary*, const void*, CUjit_option*, void**, unsigned int,
+                           CUlibraryOption*, void**, unsigned int);
+CUresult cuLibraryLoadFromFile(CUlibrary*, const char*, CUjit_option*, void**, unsigned int,
+                               CUlibraryOption*, void**, unsigned int);
 }
 
 namespace thaw::preload {
@@ -101,6 +109,12 @@ std::array<HookEntry, static_cast<std::size_t>(Hook::count)>& table() {
        {}},
       {"cuStreamEndCapture", reinterpret_cast<void*>(&::cuStreamEndCapture), {}},
       {"cuStreamEndCapture_ptsz", reinterpret_cast<void*>(&::cuStreamEndCapture_ptsz), {}},
+      {"cuModuleLoad", reinterpret_cast<void*>(&::cuModuleLoad), {}},
+      {"cuModuleLoadData", reinterpret_cast<void*>(&::cuModuleLoadData), {}},
+      {"cuModuleLoadDataEx", reinterpret_cast<void*>(&::cuModuleLoadDataEx), {}},
+      {"cuModuleLoadFatBinary", reinterpret_cast<void*>(&::cuModuleLoadFatBinary), {}},
+      {"cuLibraryLoadData", reinterpret_cast<void*>(&::cuLibraryLoadData), {}},
+      {"cuLibraryLoadFromFile", reinterpret_cast<void*>(&::cuLibraryLoadFromFile), {}},
   }};
   return t;
 }

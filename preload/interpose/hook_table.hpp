@@ -51,6 +51,12 @@ enum class Hook : std::size_t {
   stream_begin_capture_to_graph_ptsz,
   stream_end_capture,
   stream_end_capture_ptsz,
+  module_load,
+  module_load_data,
+  module_load_data_ex,
+  module_load_fat_binary,
+  library_load_data,
+  library_load_from_file,
   count
 };
 

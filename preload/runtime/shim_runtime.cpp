@@ -6,7 +6,9 @@
 
 #include <cstdlib>
 
+#include "common/graphs/graph_record.hpp"
 #include "preload/interpose/real_driver.hpp"
+#include "preload/runtime/driver_graph_queries.hpp"
 #include "preload/thawd_client/thawd_client.hpp"
 
 namespace thaw::preload {
@@ -283,6 +285,26 @@ WeightInjector* ShimRuntime::build_injector_locked() {
   return injector;
 }
 
+GraphRecorder* ShimRuntime::graph_recorder() {
+  if (!layout_on_) return nullptr;
+  if (GraphRecorder* g = graph_recorder_.load(std::memory_order_acquire)) return g;
+  if (graph_recorder_tried_.load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard lock(build_mutex_);
+  return build_graph_recorder_locked();
+}
+
+GraphRecorder* ShimRuntime::build_graph_recorder_locked() {
+  if (GraphRecorder* g = graph_recorder_.load()) return g;
+  if (graph_recorder_tried_.load()) return nullptr;
+  GraphDriver* driver = driver_graph_queries();
+  if (driver == nullptr) return nullptr;  // no driver loaded yet: later
+  graph_recorder_tried_.store(true, std::memory_order_release);
+  // Each reason a graph is left out is said once, in the log.
+  auto* g = new GraphRecorder(*driver, [](const std::string& message) { debug("{}", message); });
+  graph_recorder_.store(g, std::memory_order_release);  // lives for the whole process
+  return g;
+}
+
 // --- Exit ---
 
 void ShimRuntime::on_exit() {
@@ -300,6 +322,7 @@ void ShimRuntime::on_exit() {
         break;
     }
   }
+  store_graphs();
   finish_injection();
   proto::EngineCounters reported;
   reported.calls_intercepted = counters_.calls_intercepted.load();
@@ -309,6 +332,49 @@ void ShimRuntime::on_exit() {
   reported.reads_waited = counters_.reads_waited.load();
   reported.bytes_streamed = counters_.bytes_streamed.load();
   daemon_report_counters(reported);
+}
+
+// The graphs are stored under the layout record's identity, and only when their pointers
+// mean something in a later run: the run followed (or recorded) a deterministic layout from
+// start to end, and every graph was captured while the layout served allocations.
+void ShimRuntime::store_graphs() {
+  GraphRecorder* g = graph_recorder_.load();
+  if (g == nullptr) return;
+  const GraphRecorderStats s = g->stats();
+  if (s.captured == 0) return;
+  for (const std::string& why : g->omissions()) debug("CUDA graphs left out: {}", why);
+  graphs::GraphRecord record = g->record();
+  LayoutRecorder* layout_recorder = recorder_.load();
+  const LayoutIdentity id =
+      layout_recorder != nullptr ? layout_recorder->snapshot().identity : LayoutIdentity{};
+  std::string why_not;
+  if (layout_recorder == nullptr || layout_recorder->diverged()) {
+    why_not = "this run left its recorded layout, so their pointers mean nothing to a later run";
+  } else if (g->captured_outside_layout()) {
+    why_not = "some were captured while the deterministic layout was off";
+  } else if (!id.complete()) {
+    why_not = "the run has no layout identity (it opened no model file of a thaw cache)";
+  } else if (record.graphs.empty()) {
+    why_not = "none could be recorded completely";
+  }
+  if (!why_not.empty()) {
+    debug("{} CUDA graphs captured, none stored: {}", s.captured, why_not);
+    return;
+  }
+  record.identity = {id.engine, id.model, id.gpu, id.driver};
+  const std::string text = graphs::graph_record_to_json(record);
+  if (text.size() > graphs::kMaxGraphRecordBytes) {
+    debug("CUDA graphs not stored: a record of {} bytes (at most {})", text.size(),
+          graphs::kMaxGraphRecordBytes);
+    return;
+  }
+  const bool stored =
+      daemon_report_artifact(proto::ArtifactKind::graphs, artifact_identity(id), text);
+  debug(
+      "CUDA graphs: {} captured, {} recorded ({} nodes, {} parameter bytes, {} module images); "
+      "record of {} bytes {}",
+      s.captured, s.recorded, s.nodes, s.param_bytes, record.modules.size(), text.size(),
+      stored ? "stored in thawd" : "not stored (no thawd?)");
 }
 
 // Outstanding copies finish, and the slot goes back to thawd — handed back prewarmed when

@@ -9,7 +9,8 @@
 //                          the engine attaches to a prewarmed slot: memory budget, injector
 //   on_driver_reached      the engine allocates on a loaded driver: what needs the driver is
 //                          built (the layout; the injector, as the layout's page backing)
-//   on_exit                the run is over: its record, the slot and the counters go to thawd
+//   on_exit                the run is over: its records (layout, graphs), the slot and the
+//                          counters go to thawd
 //   fork (shim_runtime_fork.cpp): every lock held across fork(); the child's tables reset
 //
 // The exported C entry points (preload/hooks, preload/files/file_hooks.cpp) are thin: they
@@ -25,6 +26,7 @@
 #include <optional>
 #include <string>
 
+#include "preload/artifact/graph_recorder.hpp"
 #include "preload/artifact/layout_recorder.hpp"
 #include "preload/files/file_mappings.hpp"
 #include "preload/files/managed_files.hpp"
@@ -72,6 +74,9 @@ class ShimRuntime {
   LayoutRecorder* recorder();
   // nullptr when not attached to a slot (or the driver lacks what injection needs).
   WeightInjector* injector();
+  // Records the engine's CUDA graphs while the layout is on (their pointers mean something
+  // only then); built on first use once the driver is loaded. nullptr otherwise.
+  GraphRecorder* graph_recorder();
   EngineMemory& engine_memory() { return engine_memory_; }
   ManagedFileTable& files() { return files_; }
   FileMappings& file_mappings() { return file_mappings_; }
@@ -89,7 +94,10 @@ class ShimRuntime {
   LayoutRecorder* build_recorder_locked();
   DeterministicLayout* build_layout_locked();
   WeightInjector* build_injector_locked();
+  GraphRecorder* build_graph_recorder_locked();
   void finish_injection();
+  // At exit: the graphs record goes to thawd, when the run followed a deterministic layout.
+  void store_graphs();
 
   const ShimConfig config_;
   const bool layout_on_;  // deterministic and not disabled
@@ -101,6 +109,8 @@ class ShimRuntime {
   std::atomic<LayoutRecorder*> recorder_{nullptr};
   std::atomic<DeterministicLayout*> layout_{nullptr};
   std::atomic<WeightInjector*> injector_{nullptr};
+  std::atomic<GraphRecorder*> graph_recorder_{nullptr};
+  std::atomic<bool> graph_recorder_tried_{false};
   // What attach granted, until the injector is built from it (attach usually happens
   // before CUDA starts; the injector needs the driver).
   std::unique_ptr<SlotGrant> pending_grant_;  // under build_mutex_

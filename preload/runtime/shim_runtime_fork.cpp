@@ -14,6 +14,7 @@
 //   engine memory         leaf
 //   managed-file table    leaf
 //   file mappings         leaf
+//   graph recorder        leaf (it calls the driver and says things outside its lock)
 //   userfaultfd registry  leaf (its open lock, then its table)
 //   notices               leaf, last: said from under most of the above
 //
@@ -50,6 +51,7 @@ void ShimRuntime::before_fork() {
   engine_memory_.fork_mutex().lock();
   files_.fork_mutex().lock();
   file_mappings_.fork_mutex().lock();
+  if (GraphRecorder* g = graph_recorder_.load()) g->fork_mutex().lock();
   streaming_before_fork();
   notices_before_fork();
 }
@@ -58,6 +60,7 @@ void ShimRuntime::after_fork_in_parent() {
   ReentryGuard guard;
   notices_after_fork_in_parent();
   streaming_after_fork_in_parent();
+  if (GraphRecorder* g = graph_recorder_.load()) g->fork_mutex().unlock();
   file_mappings_.fork_mutex().unlock();
   files_.fork_mutex().unlock();
   engine_memory_.fork_mutex().unlock();
@@ -81,6 +84,8 @@ void ShimRuntime::after_fork_in_child() {
   // Both re-initialise their own locks.
   if (LayoutRecorder* r = recorder_.load()) r->reset_after_fork();
   if (DeterministicLayout* l = layout_.load()) l->reset_after_fork();
+  // The parent's graphs and module handles are the parent's driver state.
+  if (GraphRecorder* g = graph_recorder_.load()) g->reset_after_fork();
   // A slot attachment is the parent's: thawd counts its pages as the parent's, and only the
   // parent releases it. The child neither injects from it nor gives it back at exit.
   if (injector_.exchange(nullptr) != nullptr) {
