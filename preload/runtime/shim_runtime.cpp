@@ -8,6 +8,7 @@
 
 #include "common/graphs/graph_record.hpp"
 #include "preload/interpose/real_driver.hpp"
+#include "preload/restore/shim_kv_environment.hpp"
 #include "preload/runtime/driver_graph_queries.hpp"
 #include "preload/thawd_client/thawd_client.hpp"
 
@@ -103,7 +104,9 @@ ShimCounters& counters() {
 }
 
 ShimRuntime::ShimRuntime()
-    : config_(read_shim_config()), layout_on_(config_.deterministic && !config_.disabled) {}
+    : config_(read_shim_config()),
+      layout_on_(config_.deterministic && !config_.disabled),
+      kv_restore_(shim_kv_environment()) {}
 
 // --- Library loaded ---
 
@@ -127,6 +130,8 @@ void ShimRuntime::on_model_file_opened(int fd, const ModelFilePath& where) {
   if (file == nullptr) return;  // no usable readiness map: reads pass through
   // Record: the first model the engine opens names the layout record this run follows.
   if (LayoutRecorder* r = recorder()) r->model_opened(file->model);
+  // ... and the KV record the engine may ask for (the restore ABI).
+  kv_restore_.model_opened(file->model);
   // Attach: the first managed model opened, with THAW_PRELOAD_ATTACH=1.
   if (config_.attach && !attach_tried_.exchange(true)) attach_to_slot(file->model);
   if (!file->complete) counters_.files_streamed.fetch_add(1, std::memory_order_relaxed);
@@ -372,11 +377,9 @@ void ShimRuntime::store_graphs() {
       daemon_report_artifact(proto::ArtifactKind::graphs, artifact_identity(id), text);
   debug(
       "CUDA graphs: {} captured, {} recorded ({} nodes, {} parameter bytes, {} module images); "
-      "record of {} bytes {}; walking them took {:.3f} ms, digesting {} module images of {} "
-      "bytes at load",
+      "record of {} bytes {}",
       s.captured, s.recorded, s.nodes, s.param_bytes, record.modules.size(), text.size(),
-      stored ? "stored in thawd" : "not stored (no thawd?)", s.walk_ns / 1e6, s.modules_loaded,
-      s.image_bytes);
+      stored ? "stored in thawd" : "not stored (no thawd?)");
 }
 
 // Outstanding copies finish, and the slot goes back to thawd — handed back prewarmed when

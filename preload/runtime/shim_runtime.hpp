@@ -32,6 +32,7 @@
 #include "preload/files/managed_files.hpp"
 #include "preload/inject/weight_injector.hpp"
 #include "preload/layout/deterministic_layout.hpp"
+#include "preload/restore/kv_restore.hpp"
 #include "preload/runtime/engine_memory.hpp"
 #include "preload/runtime/ipc_tables.hpp"
 #include "preload/runtime/shim_config.hpp"
@@ -82,6 +83,8 @@ class ShimRuntime {
   FileMappings& file_mappings() { return file_mappings_; }
   IpcTables& ipc() { return ipc_; }
   StreamCaptures& captures() { return captures_; }
+  // The restore ABI's KV calls (preload/restore, thaw_restore.h).
+  restore::KvRestore& kv_restore() { return kv_restore_; }
 
   // The engine's fingerprint: the program file (path, size, modification time) and
   // $THAW_ENGINE_ID when set (to tell apart engines one interpreter runs, e.g. "vllm-0.11").
@@ -124,6 +127,7 @@ class ShimRuntime {
   FileMappings file_mappings_;
   IpcTables ipc_;
   StreamCaptures captures_;
+  restore::KvRestore kv_restore_;
 };
 
 // The process's runtime.

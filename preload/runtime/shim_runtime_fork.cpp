@@ -12,6 +12,7 @@
 //                         page backing)
 //   recorder mutex        LayoutRecorder (→ thawd client, notices)
 //   engine memory         leaf
+//   KV restore            leaf (KvRestore calls the driver and thawd without its lock)
 //   managed-file table    leaf
 //   file mappings         leaf
 //   graph recorder        leaf (it calls the driver and says things outside its lock)
@@ -49,6 +50,7 @@ void ShimRuntime::before_fork() {
   if (DeterministicLayout* l = layout_.load()) l->fork_mutex().lock();
   if (LayoutRecorder* r = recorder_.load()) r->fork_mutex().lock();
   engine_memory_.fork_mutex().lock();
+  kv_restore_.fork_mutex().lock();
   files_.fork_mutex().lock();
   file_mappings_.fork_mutex().lock();
   if (GraphRecorder* g = graph_recorder_.load()) g->fork_mutex().lock();
@@ -63,6 +65,7 @@ void ShimRuntime::after_fork_in_parent() {
   if (GraphRecorder* g = graph_recorder_.load()) g->fork_mutex().unlock();
   file_mappings_.fork_mutex().unlock();
   files_.fork_mutex().unlock();
+  kv_restore_.fork_mutex().unlock();
   engine_memory_.fork_mutex().unlock();
   if (LayoutRecorder* r = recorder_.load()) r->fork_mutex().unlock();
   if (DeterministicLayout* l = layout_.load()) l->fork_mutex().unlock();
@@ -77,6 +80,7 @@ void ShimRuntime::after_fork_in_child() {
   reinitialise(file_mappings_.fork_mutex());
   reinitialise(files_.fork_mutex());
   reinitialise(engine_memory_.fork_mutex());
+  kv_restore_.reset_after_fork();  // re-initialises its lock; the parent's lookup is not ours
   reinitialise(ipc_.mutex);
   reinitialise(build_mutex_);
   // The child is a run of its own: the recorder starts afresh (keeping the model opened

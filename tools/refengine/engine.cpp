@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "kernels.h"
+#include "thaw_restore_client.hpp"
 
 namespace refengine {
 
@@ -35,6 +36,22 @@ StageSpec stage_of(const GPT2Config& c, int rank, int size) {
 
 std::string gib(std::uint64_t b) {
   return fmt::format("{:.2f} GiB", double(b) / (1 << 30));
+}
+
+// --thaw-restore's configuration key: everything besides the device and the model that decides
+// how large the profiling pass makes the KV cache — the memory fraction, the limits that size
+// the persistent buffers the pass runs over, the block size, the stage and the model's shape
+// (which set the block's bytes), the allocator mode (which rounds what is in use).
+std::string kv_config_key(const EngineOptions& o, const GPT2Config& c, const StageSpec& s) {
+  return fmt::format(
+      "refengine-kv/1 gpu_memory_utilization={} max_model_len={} max_num_seqs={} "
+      "max_num_batched_tokens={} all_positions_logits={} block_size={} layers={}-{} of {} "
+      "n_embd={} n_head={} vocab={} dtype={} expandable_segments={} pp={}/{}",
+      o.gpu_memory_utilization, o.limits.max_model_len, o.limits.max_num_seqs,
+      o.limits.max_num_batched_tokens, int(o.limits.all_positions_logits), kBlockSize,
+      s.layer_begin, s.layer_end, c.n_layer, c.n_embd, c.n_head, c.vocab_size,
+      c.has_dtype ? dtype_name(c.dtype) : "auto", int(o.expandable_segments), o.pipeline.rank,
+      o.pipeline.size);
 }
 
 }  // namespace
@@ -87,31 +104,66 @@ Engine::Engine(const EngineOptions& options, Timeline& timeline)
                                     {"layers", {stage.layer_begin, stage.layer_end}}});
 
   runner_->allocate_buffers(options_.limits);
-  const MemoryProfile prof = runner_->profile();
-  const std::uint64_t used = prof.total - prof.free;
-  const double budget = double(prof.total) * options_.gpu_memory_utilization - double(used);
-  timeline_.mark("profile_done", {{"total", prof.total},
-                                  {"free", prof.free},
-                                  {"weights", prof.weights},
-                                  {"activations", prof.activations}});
-
+  // KV-cache sizing: the profiling pass, or with --thaw-restore the record of an earlier run.
+  const auto kv_t0 = Timeline::now_ns();
+  const std::uint64_t block_bytes = runner_->kv_block_bytes();
   const int per_seq = runner_->max_blocks_per_seq();
+  std::optional<ThawRestore> thaw;
+  std::string kv_key;
   int blocks = 0;
-  if (options_.num_gpu_blocks_override > 0) {
-    blocks = options_.num_gpu_blocks_override;
-  } else {
-    if (budget < double(prof.kv_block_bytes) * per_seq)
-      throw std::runtime_error(fmt::format(
-          "not enough device memory for the KV cache: --gpu-memory-utilization {} of {} is {}, "
-          "{} is in use after loading the model (weights {}, buffers {}), and one sequence of "
-          "--max-model-len {} needs {} more; raise --gpu-memory-utilization or lower "
-          "--max-model-len / --max-num-batched-tokens",
-          options_.gpu_memory_utilization, gib(prof.total),
-          gib(std::uint64_t(double(prof.total) * options_.gpu_memory_utilization)), gib(used),
-          gib(prof.weights), gib(prof.activations), options_.limits.max_model_len,
-          gib(prof.kv_block_bytes * per_seq)));
-    blocks = int(std::min(budget / double(prof.kv_block_bytes), 1e9));
+  bool restored = false;
+  if (options_.thaw_restore && options_.num_gpu_blocks_override <= 0) {
+    auto say = [](const std::string& why) {
+      fmt::print(stderr, "refengine: --thaw-restore: {}; running the profiling pass\n", why);
+    };
+    if (auto found = ThawRestore::find(); !found) {
+      say(found.error());
+    } else {
+      thaw = *found;
+      kv_key = kv_config_key(options_, cfg, stage);
+      const ThawRestore::Lookup l = thaw->lookup_kv(kv_key);
+      if (l.status != ThawRestore::kOk) {
+        say(fmt::format("no usable KV record ({}: {})", ThawRestore::status_name(l.status), l.why));
+      } else if (l.kv.block_bytes != block_bytes) {
+        say(fmt::format("the KV record's blocks are of {} bytes, this engine's of {}",
+                        l.kv.block_bytes, block_bytes));
+      } else if (l.kv.num_blocks < std::uint64_t(per_seq) || l.kv.num_blocks > 1000000000) {
+        say(fmt::format("the KV record's {} blocks are not between one sequence's {} and 1e9",
+                        l.kv.num_blocks, per_seq));
+      } else {
+        blocks = int(l.kv.num_blocks);
+        restored = true;
+      }
+    }
   }
+
+  if (!restored) {
+    const auto t0 = Timeline::now_ns();
+    const MemoryProfile prof = runner_->profile();
+    const std::uint64_t used = prof.total - prof.free;
+    const double budget = double(prof.total) * options_.gpu_memory_utilization - double(used);
+    timeline_.mark("profile_done", {{"total", prof.total},
+                                    {"free", prof.free},
+                                    {"weights", prof.weights},
+                                    {"activations", prof.activations},
+                                    {"ms", double(Timeline::now_ns() - t0) / 1e6}});
+    if (options_.num_gpu_blocks_override > 0) {
+      blocks = options_.num_gpu_blocks_override;
+    } else {
+      if (budget < double(prof.kv_block_bytes) * per_seq)
+        throw std::runtime_error(fmt::format(
+            "not enough device memory for the KV cache: --gpu-memory-utilization {} of {} is {}, "
+            "{} is in use after loading the model (weights {}, buffers {}), and one sequence of "
+            "--max-model-len {} needs {} more; raise --gpu-memory-utilization or lower "
+            "--max-model-len / --max-num-batched-tokens",
+            options_.gpu_memory_utilization, gib(prof.total),
+            gib(std::uint64_t(double(prof.total) * options_.gpu_memory_utilization)), gib(used),
+            gib(prof.weights), gib(prof.activations), options_.limits.max_model_len,
+            gib(prof.kv_block_bytes * per_seq)));
+      blocks = int(std::min(budget / double(prof.kv_block_bytes), 1e9));
+    }
+  }
+  const int own_blocks = blocks;  // this stage's own answer, before the stages agree
   if (link_)
     blocks = link_->agree_num_blocks(
         blocks, fmt::format("{} layers={} embd={} max_model_len={} max_num_seqs={} eager={}",
@@ -120,9 +172,26 @@ Engine::Engine(const EngineOptions& options, Timeline& timeline)
                             options_.enforce_eager));
   num_blocks_ = blocks;
   runner_->init_kv_cache(blocks);
+  const double kv_init_ms = double(Timeline::now_ns() - kv_t0) / 1e6;
+  if (restored) {
+    timeline_.mark("kv_restored", {{"num_blocks", blocks},
+                                   {"bytes", std::uint64_t(blocks) * block_bytes},
+                                   {"ms", kv_init_ms}});
+  }
   timeline_.mark("kv_cache_ready", {{"num_blocks", blocks},
                                     {"block_size", kBlockSize},
-                                    {"bytes", std::uint64_t(blocks) * prof.kv_block_bytes}});
+                                    {"bytes", std::uint64_t(blocks) * block_bytes},
+                                    {"restored", restored},
+                                    {"kv_init_ms", kv_init_ms}});
+  // First run of this configuration: what the pass decided, for the next one.
+  if (thaw && !restored) {
+    ThawRestoreKv kv;
+    kv.num_blocks = std::uint64_t(own_blocks);
+    kv.block_bytes = block_bytes;
+    kv.kv_bytes = kv.num_blocks * block_bytes;
+    if (auto why = thaw->record_kv(kv_key, kv))
+      fmt::print(stderr, "refengine: --thaw-restore: the KV size was not recorded ({})\n", *why);
+  }
 
   if (!options_.enforce_eager) {
     std::vector<int> sizes = options_.graph_sizes.empty()

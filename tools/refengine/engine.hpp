@@ -29,6 +29,10 @@ struct EngineOptions {
   int num_warmups = 1;
   bool expandable_segments = false;
   KernelModule::Api module_api = KernelModule::Api::kLibrary;
+  // Size the KV cache from the record thaw's restore ABI holds for this configuration instead
+  // of running the profiling pass (and record the pass's decision when there is none); the
+  // engine profiles as usual when the ABI is absent or the record missing or stale.
+  bool thaw_restore = false;
   PipelineConfig pipeline;
 };
 

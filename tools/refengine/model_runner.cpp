@@ -200,8 +200,12 @@ MemoryProfile ModelRunner::profile() {
   p.total = total_bytes;
   p.weights = weight_bytes_;
   p.activations = buffer_bytes_;
-  p.kv_block_bytes = 2ull * layers_.size() * config_.n_head * kBlockSize * head_dim_ * kF;
+  p.kv_block_bytes = kv_block_bytes();
   return p;
+}
+
+std::uint64_t ModelRunner::kv_block_bytes() const {
+  return 2ull * layers_.size() * config_.n_head * kBlockSize * head_dim_ * kF;
 }
 
 void ModelRunner::init_kv_cache(int num_blocks) {

@@ -56,6 +56,8 @@ class ModelRunner {
   void allocate_buffers(const RunnerLimits& limits);
   // One forward pass at the largest prefill batch without a KV cache, then cuMemGetInfo.
   MemoryProfile profile();
+  // Bytes of one KV block: all of the stage's layers, K and V (what profile() reports too).
+  std::uint64_t kv_block_bytes() const;
   void init_kv_cache(int num_blocks);
   // Captures one graph per batch size (largest first), each after `warmups` eager runs,
   // in global capture mode; instantiates it and destroys the captured graph at once.

@@ -1,0 +1,63 @@
+#include "thaw_restore_client.hpp"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+namespace refengine {
+
+std::string ThawRestore::status_name(int status) {
+  switch (status) {
+    case kOk:
+      return "ok";
+    case kNone:
+      return "none";
+    case kStale:
+      return "stale";
+    case kCorrupt:
+      return "corrupt";
+    case kUnavailable:
+      return "unavailable";
+    case kInvalidArgument:
+      return "invalid argument";
+    case kNoLookup:
+      return "no lookup";
+  }
+  return fmt::format("status {}", status);
+}
+
+std::expected<ThawRestore, std::string> ThawRestore::find() {
+  auto version = reinterpret_cast<VersionFn>(dlsym(RTLD_DEFAULT, "thaw_restore_abi_version"));
+  if (version == nullptr) {
+    return std::unexpected("thaw's restore ABI is not in this process (no libthaw-preload.so)");
+  }
+  const std::uint32_t v = version();
+  if (v < kAbiVersion) {
+    return std::unexpected(
+        fmt::format("thaw's restore ABI is version {}; this engine needs {}", v, kAbiVersion));
+  }
+  ThawRestore abi;
+  abi.lookup_ = reinterpret_cast<LookupFn>(dlsym(RTLD_DEFAULT, "thaw_restore_kv_lookup"));
+  abi.record_ = reinterpret_cast<RecordFn>(dlsym(RTLD_DEFAULT, "thaw_restore_kv_record"));
+  if (abi.lookup_ == nullptr || abi.record_ == nullptr) {
+    return std::unexpected("thaw's restore ABI lacks its KV calls");
+  }
+  return abi;
+}
+
+ThawRestore::Lookup ThawRestore::lookup_kv(const std::string& key) const {
+  Lookup l;
+  char why[512] = {};
+  l.status = lookup_(key.c_str(), &l.kv, why, sizeof why);
+  if (l.status != kOk) l.why = why;
+  return l;
+}
+
+std::optional<std::string> ThawRestore::record_kv(const std::string& key,
+                                                  const ThawRestoreKv& kv) const {
+  char why[512] = {};
+  const int status = record_(key.c_str(), &kv, why, sizeof why);
+  if (status == kOk) return std::nullopt;
+  return fmt::format("{}: {}", status_name(status), why);
+}
+
+}  // namespace refengine
