@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <unordered_map>
@@ -115,7 +116,15 @@ void GraphRecorder::capture_ended(std::uint64_t capture, CUgraph graph, bool lay
   }
   if (!allocations) return omit("the beginning of its capture was not seen");
   g.allocation_index = *allocations;
-  if (auto why = walk(graph, g)) return omit(*why);
+  const auto start = std::chrono::steady_clock::now();
+  const std::optional<std::string> incomplete = walk(graph, g);
+  const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now() - start);
+  {
+    std::lock_guard lock(mutex_);
+    stats_.walk_ns += static_cast<std::uint64_t>(took.count());
+  }
+  if (incomplete) return omit(*incomplete);
   std::lock_guard lock(mutex_);
   ++stats_.recorded;
   stats_.nodes += g.nodes.size();
@@ -343,11 +352,12 @@ std::optional<std::string> GraphRecorder::module_digest(CUmodule m) {
 }
 
 void GraphRecorder::omit(const std::string& why) {
+  bool first = false;
   {
     std::lock_guard lock(mutex_);
-    ++omissions_[why];
+    first = omissions_[why]++ == 0;
   }
-  if (notice_) notice_("a captured CUDA graph is not recorded: " + why);
+  if (first && notice_) notice_("a captured CUDA graph is not recorded: " + why);
 }
 
 graphs::GraphRecord GraphRecorder::record() const {

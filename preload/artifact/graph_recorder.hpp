@@ -79,11 +79,12 @@ struct GraphRecorderStats {
   std::uint64_t param_bytes = 0;
   std::uint64_t modules_loaded = 0;  // images digested
   std::uint64_t image_bytes = 0;     // bytes digested
+  std::uint64_t walk_ns = 0;         // spent walking graphs at the end of captures
 };
 
 class GraphRecorder {
  public:
-  // `notice`: said once per distinct message (why a graph was left out); may be empty.
+  // `notice`: told once per distinct reason a graph is left out; may be empty.
   GraphRecorder(GraphDriver& driver, std::function<void(const std::string&)> notice = {})
       : driver_(driver), notice_(std::move(notice)) {}
 

@@ -377,9 +377,11 @@ void ShimRuntime::store_graphs() {
       daemon_report_artifact(proto::ArtifactKind::graphs, artifact_identity(id), text);
   debug(
       "CUDA graphs: {} captured, {} recorded ({} nodes, {} parameter bytes, {} module images); "
-      "record of {} bytes {}",
+      "record of {} bytes {}; walking them took {:.3f} ms, digesting {} module images of {} "
+      "bytes at load",
       s.captured, s.recorded, s.nodes, s.param_bytes, record.modules.size(), text.size(),
-      stored ? "stored in thawd" : "not stored (no thawd?)");
+      stored ? "stored in thawd" : "not stored (no thawd?)", s.walk_ns / 1e6, s.modules_loaded,
+      s.image_bytes);
 }
 
 // Outstanding copies finish, and the slot goes back to thawd — handed back prewarmed when

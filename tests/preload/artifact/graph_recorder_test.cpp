@@ -400,6 +400,11 @@ TEST_F(GraphRecorderTest, AGraphWithAKernelOfAnUnseenModuleIsLeftOutAndSaidWhy) 
   EXPECT_NE(notices_[0].find("not seen loaded"), std::string::npos) << notices_[0];
   EXPECT_EQ(recorder_.stats().captured, 2u);
   EXPECT_EQ(recorder_.stats().recorded, 1u);
+  // The same reason again is counted, not said again.
+  capture(3, g1, 9);
+  EXPECT_EQ(notices_.size(), 1u);
+  EXPECT_NE(recorder_.omissions()[0].find("(2 graphs)"), std::string::npos)
+      << recorder_.omissions()[0];
 }
 
 TEST_F(GraphRecorderTest, NodesTheDriverWillNotDescribeLeaveTheGraphOut) {
