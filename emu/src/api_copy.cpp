@@ -4,6 +4,7 @@
 // (CUDA_ERROR_INVALID_VALUE), access when the operation runs (a GPU fault:
 // CUDA_ERROR_ILLEGAL_ADDRESS, sticky for the context).
 #include <cstring>
+#include <type_traits>
 
 #include "api_common.hpp"
 #include "graph.hpp"
@@ -21,6 +22,7 @@ struct Transfer {
   std::uint64_t bytes;
   Side dst_side;
   Side src_side;
+  bool unified = false;  // cuMemcpy / cuMemcpyAsync: unified addressing decided the sides
 };
 
 enum class HostWait {
@@ -44,6 +46,9 @@ CUresult submit(NodeSpec spec, CUstream hstream, bool per_thread, HostWait wait,
     }
     if (CUresult r = check_unsafe_during_capture_locked(); r != CUDA_SUCCESS) return r;
   }
+  // The node's context, as a captured node reports and cuGraphExec*NodeSetParams checks.
+  if (auto* m = std::get_if<MemsetNode>(&spec.data)) m->ctx = ctx->handle;
+  if (auto* m = std::get_if<MemcpyNode>(&spec.data)) m->ctx = ctx->handle;
   std::uint64_t seq = 0;
   StreamOp op = op_for_node(spec);
   if (CUresult r = submit_locked(*ctx, *stream, std::move(op), std::move(spec), &seq);
@@ -76,6 +81,29 @@ void trace_host_mapping(const Transfer& t, Call& c) {
   }
 }
 
+// The CUDA_MEMCPY3D a copy call stands for, as cuGraphMemcpyNodeGetParams reports a captured one.
+CUDA_MEMCPY3D descriptor_of(const Transfer& t) {
+  CUDA_MEMCPY3D d{};
+  auto side = [&](Side s, std::uint64_t p, CUmemorytype& type, CUdeviceptr& dev, auto& host) {
+    if (t.unified) {
+      type = CU_MEMORYTYPE_UNIFIED;
+      dev = p;
+    } else if (s == Side::kHost) {
+      type = CU_MEMORYTYPE_HOST;
+      host = reinterpret_cast<std::remove_reference_t<decltype(host)>>(p);
+    } else {
+      type = CU_MEMORYTYPE_DEVICE;
+      dev = p;
+    }
+  };
+  side(t.dst_side, t.dst, d.dstMemoryType, d.dstDevice, d.dstHost);
+  side(t.src_side, t.src, d.srcMemoryType, d.srcDevice, d.srcHost);
+  d.WidthInBytes = t.bytes;
+  d.Height = 1;
+  d.Depth = 1;
+  return d;
+}
+
 CUresult copy(const char* name, Transfer t, CUstream hstream, bool per_thread, bool async,
               Call& c) {
   (void)name;
@@ -86,6 +114,7 @@ CUresult copy(const char* name, Transfer t, CUstream hstream, bool per_thread, b
   if ((t.dst_side == Side::kHost && t.dst == 0) || (t.src_side == Side::kHost && t.src == 0)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  const CUDA_MEMCPY3D desc = descriptor_of(t);  // the sides as the call names them
   int device = 0;
   bool host_pinned = true;
   {
@@ -113,7 +142,7 @@ CUresult copy(const char* name, Transfer t, CUstream hstream, bool per_thread, b
     }
   }
   MemcpyNode node{t.dst,  t.src, t.bytes, t.dst_side == Side::kDevice, t.src_side == Side::kDevice,
-                  device, 0};
+                  device, 0,     desc};
   HostWait wait = HostWait::kUntilDone;
   bool involves_host = t.dst_side == Side::kHost || t.src_side == Side::kHost;
   if (!involves_host) {
@@ -188,7 +217,7 @@ EMU_ASYNC_COPY(cuMemcpyDtoDAsync_v2_ptsz, "cuMemcpyDtoDAsync", D, D, true, CUdev
 static CUresult generic_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, bool ptds,
                              bool async, Call& c) {
   if (!driver().initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  return copy(c.name(), Transfer{dst, src, n, side_of(dst), side_of(src)}, s, ptds, async, c);
+  return copy(c.name(), Transfer{dst, src, n, side_of(dst), side_of(src), true}, s, ptds, async, c);
 }
 
 EMU_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {

@@ -146,6 +146,26 @@ void fill_params(const GraphNode& n, P* out) {
   if constexpr (requires { out->ctx; }) out->ctx = to_handle<CUcontext>(k.ctx);
 }
 
+// "The element size must be 1, 2, or 4 bytes"; zero-sized memsets are refused; the rows must lie
+// in device memory (caller holds driver().mu).
+CUresult memset_node_from(const CUDA_MEMSET_NODE_PARAMS* p, CUcontext named, MemsetNode& node) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto ctx = node_context(named);
+  if (!ctx) return ctx.error();
+  unsigned es = p->elementSize;
+  if ((es != 1 && es != 2 && es != 4) || p->width == 0 || p->height == 0 || p->dst % es) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (p->height > 1 && p->pitch < p->width * es) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_lock space(driver().space_mu);
+  std::uint64_t extent = (p->height - 1) * p->pitch + p->width * es;
+  if (driver().space.check_device_shape(p->dst, extent) != CUDA_SUCCESS) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  node = MemsetNode{p->dst, p->pitch, p->value, es, p->width, p->height, (*ctx)->handle};
+  return CUDA_SUCCESS;
+}
+
 CUresult memcpy_node_from(const CUDA_MEMCPY3D* p, CUcontext named, MemcpyNode& node) {
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto ctx = node_context(named);
@@ -192,7 +212,14 @@ CUresult memcpy_node_from(const CUDA_MEMCPY3D* p, CUcontext named, MemcpyNode& n
   }
   node.device = device;
   node.ctx = (*ctx)->handle;
+  node.desc = *p;
   return CUDA_SUCCESS;
+}
+
+// A memcpy descriptor of the one-dimensional kind cuGraphExecMemcpyNodeSetParams accepts.
+bool one_dimensional(const CUDA_MEMCPY3D& p) {
+  return p.Height <= 1 && p.Depth <= 1 && p.srcXInBytes == 0 && p.srcY == 0 && p.srcZ == 0 &&
+         p.dstXInBytes == 0 && p.dstY == 0 && p.dstZ == 0;
 }
 
 // Topological order (Kahn, creation order among ready nodes); empty if there is a cycle.
@@ -390,22 +417,10 @@ EMU_EXPORT CUresult cuGraphAddMemsetNode(CUgraphNode* ph, CUgraph g, const CUgra
                                          CUcontext ctx) {
   return api("cuGraphAddMemsetNode", [&](Call& c) {
     return add_node(ph, g, deps, n, c, [&](NodeSpec& spec) {
-      if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      auto cx = node_context(ctx);
-      if (!cx) return cx.error();
-      unsigned es = p->elementSize;
-      if ((es != 1 && es != 2 && es != 4) || p->width == 0 || p->height == 0 || p->dst % es) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      if (p->height > 1 && p->pitch < p->width * es) return CUDA_ERROR_INVALID_VALUE;
-      std::shared_lock space(driver().space_mu);
-      std::uint64_t extent = (p->height - 1) * p->pitch + p->width * es;
-      if (driver().space.check_device_shape(p->dst, extent) != CUDA_SUCCESS) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      spec = {CU_GRAPH_NODE_TYPE_MEMSET,
-              MemsetNode{p->dst, p->pitch, p->value, es, p->width, p->height, (*cx)->handle}};
-      return CUDA_SUCCESS;
+      MemsetNode m;
+      CUresult r = memset_node_from(p, ctx, m);
+      spec = {CU_GRAPH_NODE_TYPE_MEMSET, m};
+      return r;
     });
   });
 }
@@ -674,6 +689,84 @@ EMU_EXPORT CUresult cuGraphKernelNodeSetAttribute(CUgraphNode h, CUkernelNodeAtt
   });
 }
 
+// Memset and memcpy nodes: their parameters as given or captured, and changed in place.
+// The wrong kind of node is CUDA_ERROR_INVALID_VALUE, as for every other node-type getter.
+template <class Node>
+static std::shared_ptr<GraphNode> typed_node(CUgraphNode h, CUgraphNodeType type, Call& c) {
+  c.ptr("node", handle_value(h));
+  auto n = find_node(h);
+  if (!n || n->type != type || !std::holds_alternative<Node>(n->data)) return nullptr;
+  return n;
+}
+
+EMU_EXPORT CUresult cuGraphMemsetNodeGetParams(CUgraphNode h, CUDA_MEMSET_NODE_PARAMS* p) {
+  return api("cuGraphMemsetNodeGetParams", [&](Call& c) {
+    EMU_REQUIRE_INIT();
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    auto n = typed_node<MemsetNode>(h, CU_GRAPH_NODE_TYPE_MEMSET, c);
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    const auto& m = std::get<MemsetNode>(n->data);
+    *p = CUDA_MEMSET_NODE_PARAMS{};
+    p->dst = m.dst;
+    p->pitch = m.pitch;
+    p->value = m.value;
+    p->elementSize = m.element_size;
+    p->width = m.width;
+    p->height = m.height;
+    return CUDA_SUCCESS;
+  });
+}
+
+EMU_EXPORT CUresult cuGraphMemsetNodeSetParams(CUgraphNode h, const CUDA_MEMSET_NODE_PARAMS* p) {
+  return api("cuGraphMemsetNodeSetParams", [&](Call& c) {
+    EMU_REQUIRE_INIT();
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    auto n = typed_node<MemsetNode>(h, CU_GRAPH_NODE_TYPE_MEMSET, c);
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    // The node keeps the context it was made in (the call names none).
+    std::uint64_t ctx = std::get<MemsetNode>(n->data).ctx;
+    MemsetNode m;
+    if (CUresult r = memset_node_from(p, ctx != 0 ? to_handle<CUcontext>(ctx) : nullptr, m);
+        r != CUDA_SUCCESS) {
+      return r;
+    }
+    n->data = m;
+    return CUDA_SUCCESS;
+  });
+}
+
+EMU_EXPORT CUresult cuGraphMemcpyNodeGetParams(CUgraphNode h, CUDA_MEMCPY3D* p) {
+  return api("cuGraphMemcpyNodeGetParams", [&](Call& c) {
+    EMU_REQUIRE_INIT();
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    auto n = typed_node<MemcpyNode>(h, CU_GRAPH_NODE_TYPE_MEMCPY, c);
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    *p = std::get<MemcpyNode>(n->data).desc;
+    return CUDA_SUCCESS;
+  });
+}
+
+EMU_EXPORT CUresult cuGraphMemcpyNodeSetParams(CUgraphNode h, const CUDA_MEMCPY3D* p) {
+  return api("cuGraphMemcpyNodeSetParams", [&](Call& c) {
+    EMU_REQUIRE_INIT();
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    auto n = typed_node<MemcpyNode>(h, CU_GRAPH_NODE_TYPE_MEMCPY, c);
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    std::uint64_t ctx = std::get<MemcpyNode>(n->data).ctx;
+    MemcpyNode m;
+    if (CUresult r = memcpy_node_from(p, ctx != 0 ? to_handle<CUcontext>(ctx) : nullptr, m);
+        r != CUDA_SUCCESS) {
+      return r;
+    }
+    n->data = m;
+    return CUDA_SUCCESS;
+  });
+}
+
 EMU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* ph, CUgraph g, unsigned long long f) {
   return api("cuGraphInstantiateWithFlags", [&](Call& c) { return instantiate(ph, g, f, c); });
 }
@@ -782,6 +875,75 @@ EMU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode
                                                       const CUDA_KERNEL_NODE_PARAMS* p) {
   return api("cuGraphExecKernelNodeSetParams",
              [&](Call& c) { return exec_kernel_set(e, n, p, c); });
+}
+
+// The exec's copy of a memset/memcpy node (cuGraphExec*NodeSetParams), or nullptr.
+static ExecNode* exec_node_locked(CUgraphExec he, CUgraphNode hn, CUgraphNodeType type, Call& c) {
+  c.ptr("exec", handle_value(he)).ptr("node", handle_value(hn));
+  auto exec = graph_tables().execs.find(handle_value(he));
+  if (!exec) return nullptr;
+  auto it = std::find_if(exec->nodes.begin(), exec->nodes.end(),
+                         [&](const ExecNode& e) { return e.node == handle_value(hn); });
+  return it == exec->nodes.end() || it->type != type ? nullptr : &*it;
+}
+
+// "Both the value and pointer address may be updated. Changing other aspects of the memset
+// (width, height, element size or pitch) may cause the update to be rejected": strict, the
+// emulator takes only those two, so what passes here passes on any driver. The destination stays
+// with the same context and device; the graph's node is not changed.
+EMU_EXPORT CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec he, CUgraphNode hn,
+                                                   const CUDA_MEMSET_NODE_PARAMS* p,
+                                                   CUcontext ctx) {
+  return api("cuGraphExecMemsetNodeSetParams", [&](Call& c) {
+    EMU_REQUIRE_INIT();
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Lock lock(driver().mu);
+    ExecNode* e = exec_node_locked(he, hn, CU_GRAPH_NODE_TYPE_MEMSET, c);
+    if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto& old = std::get<MemsetNode>(e->data);
+    MemsetNode m;
+    if (CUresult r = memset_node_from(p, ctx, m); r != CUDA_SUCCESS) return r;
+    if (m.ctx != old.ctx || m.height != old.height || m.width != old.width ||
+        m.element_size != old.element_size || (old.height > 1 && m.pitch != old.pitch)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::shared_lock space(driver().space_mu);
+    int old_device = -1, new_device = -1;
+    std::uint64_t bytes = m.width * m.element_size;
+    if (driver().space.check_device_shape(old.dst, bytes, &old_device) != CUDA_SUCCESS ||
+        driver().space.check_device_shape(m.dst, bytes, &new_device) != CUDA_SUCCESS ||
+        old_device != new_device) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    e->data = m;
+    return CUDA_SUCCESS;
+  });
+}
+
+// "Both the instantiation-time memory operands and the memory operands in copyParams must be
+// 1-dimensional. Zero-length operations are not supported." and "Returns
+// CUDA_ERROR_INVALID_VALUE if the memory operands' mappings changed": each side stays host or
+// device memory of the same device, in the same context; the graph's node is not changed.
+EMU_EXPORT CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec he, CUgraphNode hn,
+                                                   const CUDA_MEMCPY3D* p, CUcontext ctx) {
+  return api("cuGraphExecMemcpyNodeSetParams", [&](Call& c) {
+    EMU_REQUIRE_INIT();
+    if (p == nullptr || !one_dimensional(*p) || p->WidthInBytes == 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    Lock lock(driver().mu);
+    ExecNode* e = exec_node_locked(he, hn, CU_GRAPH_NODE_TYPE_MEMCPY, c);
+    if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto& old = std::get<MemcpyNode>(e->data);
+    MemcpyNode m;
+    if (CUresult r = memcpy_node_from(p, ctx, m); r != CUDA_SUCCESS) return r;
+    if (m.ctx != old.ctx || m.dst_device != old.dst_device || m.src_device != old.src_device ||
+        ((m.dst_device || m.src_device) && m.device != old.device)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    e->data = m;
+    return CUDA_SUCCESS;
+  });
 }
 
 EMU_EXPORT CUresult cuGraphClone(CUgraph* phClone, CUgraph original) {

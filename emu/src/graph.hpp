@@ -34,6 +34,8 @@ struct KernelNode {
   bool from_extra = false;  // set through `extra`: GetParams answers in the same form
 };
 
+// What cuGraphMemsetNodeGetParams answers is these fields as they were given (cuGraphAddMemsetNode,
+// cuGraphMemsetNodeSetParams) or captured (cuMemsetD*Async: one row, pitch 0).
 struct MemsetNode {
   CUdeviceptr dst = 0;
   std::size_t pitch = 0;
@@ -52,6 +54,10 @@ struct MemcpyNode {  // the one-dimensional subset of CUDA_MEMCPY3D
   bool src_device = true;
   int device = 0;  // whose copy engine a host<->device copy uses
   std::uint64_t ctx = 0;
+  // What cuGraphMemcpyNodeGetParams answers: the descriptor as given, or for a captured copy the
+  // one the call stands for (memory types as the call names its sides, UNIFIED for cuMemcpy and
+  // cuMemcpyAsync, whose sides unified addressing decides; Height and Depth 1, the rest 0).
+  CUDA_MEMCPY3D desc{};
 };
 
 struct HostNode {
