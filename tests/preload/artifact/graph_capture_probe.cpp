@@ -4,8 +4,8 @@
 // cuLibraryGetKernel + cuKernelGetFunction), and captures two graphs:
 //   graph 0: vec_add on the capturing stream, then a fork to a second stream (axpb) and
 //            add_into back on the first: three kernel nodes, two edges;
-//   graph 1: a memset and a kernel (the emulator gives no memset node parameters, so the shim
-//            cannot record this one).
+//   graph 1: a memset and a kernel (the memset node's parameters as cuGraphMemsetNodeGetParams
+//            answers them).
 // Before instantiating each graph (and destroying it right after, as PyTorch does) it prints
 // what the live graph holds — node count, types, edge count — and each kernel launch's name
 // and parameter bytes laid out as cuFuncGetParamInfo says, as one JSON line per graph.

@@ -96,17 +96,34 @@ TEST_F(GraphRecordWithThawd, TheStoredRecordIsTheLiveGraphWithItsImagesAndParame
 
   const GraphRecord record = stored_graphs();
   EXPECT_EQ(record.identity.model, "gpt-syn");
-  // Graph 1 holds a memset node the emulator will not describe: only graph 0 is recorded.
-  ASSERT_EQ(record.graphs.size(), 1u) << run.shim_log;
-  const auto& graph = record.graphs[0];
-  EXPECT_EQ(graph.index, 0u);
-  EXPECT_EQ(graph.allocation_index, 3u) << "the probe allocated three buffers before capturing";
-  ASSERT_EQ(graph.nodes.size(), live[0]["nodes"].get<std::size_t>());
-  EXPECT_EQ(graph.edges.size(), live[0]["edges"].get<std::size_t>());
-  EXPECT_EQ(graph.edges.size(), 2u);
-  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    EXPECT_EQ(thaw::graphs::to_string(graph.nodes[i].type), live[0]["types"][i].get<std::string>());
+  // Both graphs: graph 1 holds a memset node, which the driver describes
+  // (cuGraphMemsetNodeGetParams) and the record keeps.
+  ASSERT_EQ(record.graphs.size(), 2u) << run.shim_log;
+  for (std::size_t g = 0; g < 2; ++g) {
+    const auto& recorded_graph = record.graphs[g];
+    EXPECT_EQ(recorded_graph.index, g);
+    ASSERT_EQ(recorded_graph.nodes.size(), live[g]["nodes"].get<std::size_t>()) << g;
+    EXPECT_EQ(recorded_graph.edges.size(), live[g]["edges"].get<std::size_t>()) << g;
+    for (std::size_t i = 0; i < recorded_graph.nodes.size(); ++i) {
+      EXPECT_EQ(thaw::graphs::to_string(recorded_graph.nodes[i].type),
+                live[g]["types"][i].get<std::string>())
+          << g << " " << i;
+    }
   }
+  const auto& graph = record.graphs[0];
+  EXPECT_EQ(graph.allocation_index, 3u) << "the probe allocated three buffers before capturing";
+  EXPECT_EQ(graph.edges.size(), 2u);
+  // cuMemsetD32Async(c, 0, 4096, s1): the memset node as captured.
+  const thaw::graphs::MemsetNode* memset = nullptr;
+  for (const auto& node : record.graphs[1].nodes) {
+    if (node.memset) memset = &*node.memset;
+  }
+  ASSERT_NE(memset, nullptr);
+  EXPECT_EQ(memset->element_size, 4u);
+  EXPECT_EQ(memset->value, 0u);
+  EXPECT_EQ(memset->width, 4096u);
+  EXPECT_EQ(memset->height, 1u);
+  EXPECT_NE(memset->dst, 0u);
 
   const std::string cubin = digest_of(thaw_cubin_samples());
   const std::string fatbin = digest_of(thaw_fatbin_chain());
@@ -134,10 +151,9 @@ TEST_F(GraphRecordWithThawd, TheStoredRecordIsTheLiveGraphWithItsImagesAndParame
     }
   }
   // What the shim says about the run.
-  EXPECT_NE(run.shim_log.find("CUDA graphs: 2 captured, 1 recorded (3 nodes, 68 parameter bytes"),
+  EXPECT_NE(run.shim_log.find("CUDA graphs: 2 captured, 2 recorded (5 nodes, 96 parameter bytes"),
             std::string::npos)
       << run.shim_log;
-  EXPECT_NE(run.shim_log.find("no memset node parameters"), std::string::npos) << run.shim_log;
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
