@@ -281,6 +281,11 @@ void describe(F& f, M& m) {
   f.u64("files_streamed", m.files_streamed, 0, kMaxCounter);
   f.u64("reads_waited", m.reads_waited, 0, kMaxCounter);
   f.u64("bytes_streamed", m.bytes_streamed, 0, kMaxCounter);
+  f.u64("graph_records_stored", m.graph_records_stored, 0, kMaxCounter);
+  f.u64("graphs_restored", m.graphs_restored, 0, kMaxCounter);
+  f.u64("graph_restore_fallbacks", m.graph_restore_fallbacks, 0, kMaxCounter);
+  f.u64("kv_restores", m.kv_restores, 0, kMaxCounter);
+  f.u64("kv_restore_fallbacks", m.kv_restore_fallbacks, 0, kMaxCounter);
 }
 
 template <typename F, Like<Hello> M>

@@ -40,7 +40,9 @@ inline constexpr std::uint32_t kMagic = 0x57414854;  // "THAW" in memory order
 // of offsets, replies of their own type for lease_memory and export_ipc.
 // 3: artifact kind "kvcache" (an engine's KV-cache sizing, preload/restore).
 // 4: artifact kind "graphs" (the CUDA graphs an engine captured, preload/artifact).
-inline constexpr std::uint16_t kProtocolVersion = 4;
+// 5: report_counters carries the restores' counters (graph records stored, graphs restored
+//    and graph restore fallbacks, KV-cache restores and fallbacks).
+inline constexpr std::uint16_t kProtocolVersion = 5;
 inline constexpr std::size_t kHeaderBytes = 16;
 inline constexpr std::size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr std::size_t kMaxFdsPerMessage = 128;  // below the kernel's SCM_MAX_FD (253)
@@ -128,6 +130,13 @@ struct EngineCounters {
   std::uint64_t files_streamed = 0;
   std::uint64_t reads_waited = 0;
   std::uint64_t bytes_streamed = 0;
+  // Since version 5: what the run's restores did (0 where the shim has no such restore yet).
+  std::uint64_t graph_records_stored = 0;     // "graphs" artifacts thawd took (0 or 1 a run)
+  std::uint64_t graphs_restored = 0;          // graphs given from a record instead of captured
+  std::uint64_t graph_restore_fallbacks = 0;  // asked for, not restorable: captured after all
+  std::uint64_t kv_restores = 0;              // KV-cache lookups answered with a record's size
+  std::uint64_t kv_restore_fallbacks = 0;     // lookups answered otherwise (none, stale,
+                                              // corrupt, unavailable): the engine profiles
 };
 
 // One row of a slot's layout: `bytes` bytes of model file `file` from `file_offset` lie at

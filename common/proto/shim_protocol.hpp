@@ -18,7 +18,7 @@
 // connection (and only that one). A version thawd does not speak gets an `error` reply naming
 // the version it does, then the connection is closed.
 //
-// Conversation (client → thawd, thawd → client), protocol version 4:
+// Conversation (client → thawd, thawd → client), protocol version 5:
 //   hello {client, engine}                          → hello_ok {protocol, node_id, version}
 //                                                     (must come first; refused peers get
 //                                                      error AccessDenied and a close)
@@ -52,7 +52,9 @@
 //   get_artifact {kind, identity}                   → artifact {bytes} + fd (read-only)
 //                                                     or error UnknownArtifact
 //   report_counters {counters: {calls_intercepted, deterministic_allocations,
-//                    layout_divergences, files_streamed, reads_waited, bytes_streamed}}
+//                    layout_divergences, files_streamed, reads_waited, bytes_streamed,
+//                    graph_records_stored, graphs_restored, graph_restore_fallbacks,
+//                    kv_restores, kv_restore_fallbacks}}
 //                                                   → ok {}  (the shim's totals, at its exit)
 //   export_ipc {bytes} + fd                         → ipc_exported {token}  (a POSIX-fd VMM
 //                                                      handle shared for CUDA IPC; kept until

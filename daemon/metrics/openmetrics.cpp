@@ -124,6 +124,21 @@ std::string render_openmetrics(const NodeService& service, const ShimSocketCount
   w.family("thaw_engine_streamed_bytes", "counter",
            "Bytes installed into engines' streamed mappings.");
   w.sample("thaw_engine_streamed_bytes_total", shim.engine_bytes_streamed.load());
+  w.family("thaw_engine_graph_records_stored", "counter",
+           "CUDA graph records engines' shims stored in thawd (artifact kind graphs).");
+  w.sample("thaw_engine_graph_records_stored_total", shim.engine_graph_records_stored.load());
+  w.family("thaw_engine_graphs_restored", "counter",
+           "CUDA graphs engines were given from a record instead of capturing them.");
+  w.sample("thaw_engine_graphs_restored_total", shim.engine_graphs_restored.load());
+  w.family("thaw_engine_graph_restore_fallbacks", "counter",
+           "CUDA graphs asked for from a record that could not be restored (captured instead).");
+  w.sample("thaw_engine_graph_restore_fallbacks_total", shim.engine_graph_restore_fallbacks.load());
+  w.family("thaw_engine_kv_restores", "counter",
+           "KV-cache sizings engines were given from a record (their profiling pass skipped).");
+  w.sample("thaw_engine_kv_restores_total", shim.engine_kv_restores.load());
+  w.family("thaw_engine_kv_restore_fallbacks", "counter",
+           "KV-cache lookups with no usable record (none, stale, corrupt): engines profiled.");
+  w.sample("thaw_engine_kv_restore_fallbacks_total", shim.engine_kv_restore_fallbacks.load());
   return w.finish();
 }
 

@@ -85,12 +85,21 @@ bool ShimServer::serve(Connection& c, std::uint32_t request, const proto::Report
   add_saturating(counters_.engine_files_streamed, r.files_streamed);
   add_saturating(counters_.engine_reads_waited, r.reads_waited);
   add_saturating(counters_.engine_bytes_streamed, r.bytes_streamed);
+  add_saturating(counters_.engine_graph_records_stored, r.graph_records_stored);
+  add_saturating(counters_.engine_graphs_restored, r.graphs_restored);
+  add_saturating(counters_.engine_graph_restore_fallbacks, r.graph_restore_fallbacks);
+  add_saturating(counters_.engine_kv_restores, r.kv_restores);
+  add_saturating(counters_.engine_kv_restore_fallbacks, r.kv_restore_fallbacks);
   counters_.engine_reports.fetch_add(1);
   log(LogLevel::debug,
       fmt::format("shim client {}: counters: {} calls intercepted, {} deterministic allocations, "
-                  "{} layout divergences, {} files streamed, {} reads waited, {} bytes streamed",
+                  "{} layout divergences, {} files streamed, {} reads waited, {} bytes streamed, "
+                  "{} graph records stored, {} graphs restored, {} graph restore fallbacks, "
+                  "{} KV-cache restores, {} KV-cache restore fallbacks",
                   c.owner, r.calls_intercepted, r.deterministic_allocations, r.layout_divergences,
-                  r.files_streamed, r.reads_waited, r.bytes_streamed));
+                  r.files_streamed, r.reads_waited, r.bytes_streamed, r.graph_records_stored,
+                  r.graphs_restored, r.graph_restore_fallbacks, r.kv_restores,
+                  r.kv_restore_fallbacks));
   return send(c, request, proto::Ok{});
 }
 

@@ -64,6 +64,11 @@ struct ShimSocketCounters {
   std::atomic<std::uint64_t> engine_files_streamed{0};
   std::atomic<std::uint64_t> engine_reads_waited{0};
   std::atomic<std::uint64_t> engine_bytes_streamed{0};
+  std::atomic<std::uint64_t> engine_graph_records_stored{0};
+  std::atomic<std::uint64_t> engine_graphs_restored{0};
+  std::atomic<std::uint64_t> engine_graph_restore_fallbacks{0};
+  std::atomic<std::uint64_t> engine_kv_restores{0};
+  std::atomic<std::uint64_t> engine_kv_restore_fallbacks{0};
 };
 
 class ShimServer {

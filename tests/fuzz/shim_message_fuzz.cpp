@@ -178,8 +178,8 @@ std::vector<std::pair<std::string, Bytes>> seeds() {
                                                "no layout record of org/model-7b"));
   all.emplace_back("get_artifact", proto::GetArtifact{proto::ArtifactKind::layout, id});
   all.emplace_back("artifact", proto::Artifact{20480, fd()});
-  all.emplace_back("report_counters",
-                   proto::ReportCounters{proto::EngineCounters{1234, 56, 0, 2, 17, 1ull << 32}});
+  all.emplace_back("report_counters", proto::ReportCounters{proto::EngineCounters{
+                                          1234, 56, 0, 2, 17, 1ull << 32, 1, 3, 1, 1, 0}});
   all.emplace_back("export_ipc", proto::ExportIpc{2u << 20, fd()});
   all.emplace_back("ipc_exported", proto::IpcExported{0x1122'3344'5566'7788});
   all.emplace_back("import_ipc", proto::ImportIpc{0x1122'3344'5566'7788});

@@ -74,7 +74,7 @@ TEST(ShimMessages, EveryTypeRoundTrips) {
   all.emplace_back(Error::make("org.thaw.Error.NotReady", "not yet\nsecond line"));
   all.emplace_back(GetArtifact{ArtifactKind::layout, id});
   all.emplace_back(Artifact{10, some_fd()});
-  all.emplace_back(ReportCounters{EngineCounters{1, 2, 3, 4, 5, kMaxCounter}});
+  all.emplace_back(ReportCounters{EngineCounters{1, 2, 3, 4, 5, kMaxCounter, 6, 7, 8, 9, 10}});
   all.emplace_back(ExportIpc{4096, some_fd()});
   all.emplace_back(IpcExported{1ull << 40});
   all.emplace_back(ImportIpc{1ull << 40});
@@ -181,12 +181,30 @@ TEST(ShimMessages, ValuesOutOfRangeAreRequestErrors) {
                              {"layout_divergences", 0},
                              {"files_streamed", 0},
                              {"reads_waited", 0},
-                             {"bytes_streamed", 0}};
+                             {"bytes_streamed", 0},
+                             {"graph_records_stored", 0},
+                             {"graphs_restored", 0},
+                             {"graph_restore_fallbacks", 0},
+                             {"kv_restores", 0},
+                             {"kv_restore_fallbacks", 0}};
   EXPECT_NE(decode_raw(MessageType::report_counters, {{"counters", counters}}, 0, &value_error),
             "");
   EXPECT_TRUE(value_error) << "a number out of range is the request's fault, not the framing's";
   counters["calls_intercepted"] = kMaxCounter;
   EXPECT_EQ(decode_raw(MessageType::report_counters, {{"counters", counters}}), "");
+  counters["kv_restore_fallbacks"] = kMaxCounter + 1;
+  EXPECT_NE(decode_raw(MessageType::report_counters, {{"counters", counters}}, 0, &value_error),
+            "");
+  EXPECT_TRUE(value_error) << "the restores' counters have the same bound";
+  counters["kv_restore_fallbacks"] = 0;
+  // A version 4 report (without the restores' counters) is a missing field, as any.
+  nlohmann::json v4 = counters;
+  for (const char* name : {"graph_records_stored", "graphs_restored", "graph_restore_fallbacks",
+                           "kv_restores", "kv_restore_fallbacks"}) {
+    v4.erase(name);
+  }
+  EXPECT_NE(decode_raw(MessageType::report_counters, {{"counters", v4}}, 0, &value_error), "");
+  EXPECT_FALSE(value_error) << "a missing field is malformed";
   counters.erase("reads_waited");
   EXPECT_NE(decode_raw(MessageType::report_counters, {{"counters", counters}}, 0, &value_error),
             "");

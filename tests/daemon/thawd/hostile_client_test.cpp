@@ -428,7 +428,12 @@ TEST_F(HostileClientTest, HostileShimClientsLeaveThawdServingAndHoldingNothing) 
                                {"layout_divergences", 0},
                                {"files_streamed", 0},
                                {"reads_waited", 0},
-                               {"bytes_streamed", 0}};
+                               {"bytes_streamed", 0},
+                               {"graph_records_stored", 0},
+                               {"graphs_restored", 0},
+                               {"graph_restore_fallbacks", 0},
+                               {"kv_restores", 0},
+                               {"kv_restore_fallbacks", 0}};
     for (int i = 0; i < 2100; ++i) {
       ASSERT_EQ(error_name(many.request(MessageType::report_counters, {{"counters", counters}})),
                 "ok")
