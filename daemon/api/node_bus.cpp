@@ -39,7 +39,7 @@ constexpr std::uint64_t kConst = SD_BUS_VTABLE_PROPERTY_CONST;
 
 std::expected<std::unique_ptr<NodeBus>, std::string> NodeBus::start(
     const std::string& bus, ManagerInfo manager, NodeService& service, const AccessPolicy& access,
-    sd_event* event, std::chrono::milliseconds tick) {
+    sd_event* event, const ArtifactStore* artifacts, std::chrono::milliseconds tick) {
   // Mutating methods are marked UNPRIVILEGED so that sd-bus does not apply its own
   // CAP_SYS_ADMIN rule: authorize() applies thawd's (root or the allowed groups).
   static const sd_bus_vtable manager_vtable[] = {
@@ -74,6 +74,11 @@ std::expected<std::unique_ptr<NodeBus>, std::string> NodeBus::start(
                               &NodeBus::method_list_slots, SD_BUS_VTABLE_UNPRIVILEGED),
       SD_BUS_METHOD_WITH_ARGS("ListModels", SD_BUS_NO_ARGS, SD_BUS_RESULT("a(ssstto)", models),
                               &NodeBus::method_list_models, SD_BUS_VTABLE_UNPRIVILEGED),
+      // key, kind, model, engine, gpu, driver, owner uid (4294967295: none), bytes, modified
+      // (µs since the epoch), readable, summary.
+      SD_BUS_METHOD_WITH_ARGS("ListArtifacts", SD_BUS_ARGS("s", model),
+                              SD_BUS_RESULT("a(ssssssuttbs)", artifacts),
+                              &NodeBus::method_list_artifacts, SD_BUS_VTABLE_UNPRIVILEGED),
       SD_BUS_VTABLE_END,
   };
   static const sd_bus_vtable gpu_vtable[] = {
@@ -116,6 +121,7 @@ std::expected<std::unique_ptr<NodeBus>, std::string> NodeBus::start(
 
   std::unique_ptr<NodeBus> b(new NodeBus(std::move(manager), service, access));
   b->tick_ = tick;
+  b->artifacts_ = artifacts;
   b->snapshot_ = take_snapshot(b->manager_, b->service_);
   if (int r = open_bus(bus, &b->bus_); r < 0) {
     return std::unexpected(

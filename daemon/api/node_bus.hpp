@@ -17,6 +17,10 @@
 // AccessPolicy, answering org.freedesktop.DBus.Error.AccessDenied. Errors of the service
 // are org.thaw.Error.* with the service's message. tests/daemon/api checks both layers for
 // every method thawd exports.
+//
+// ListArtifacts(model) reads the engines' recorded artifacts (ArtifactStore::list; "" lists
+// every model's): a method rather than per-Model properties, because properties come from
+// snapshots taken every tick and a listing reads the state directory.
 #pragma once
 
 #include <systemd/sd-bus.h>
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "daemon/api/bus_snapshot.hpp"
+#include "daemon/artifacts/artifact_store.hpp"
 #include "daemon/service/access_policy.hpp"
 #include "daemon/service/node_service.hpp"
 
@@ -37,10 +42,12 @@ namespace thaw::daemon {
 class NodeBus {
  public:
   // Connects to `bus` ("system", "user" or an address), exports every object, attaches to
-  // `event`, and takes the bus name (failing if another thawd owns it).
+  // `event`, and takes the bus name (failing if another thawd owns it). `artifacts` may be
+  // null (ListArtifacts then lists nothing).
   static std::expected<std::unique_ptr<NodeBus>, std::string> start(
       const std::string& bus, ManagerInfo manager, NodeService& service, const AccessPolicy& access,
-      sd_event* event, std::chrono::milliseconds tick = std::chrono::milliseconds(250));
+      sd_event* event, const ArtifactStore* artifacts = nullptr,
+      std::chrono::milliseconds tick = std::chrono::milliseconds(250));
   ~NodeBus();
   NodeBus(const NodeBus&) = delete;
   NodeBus& operator=(const NodeBus&) = delete;
@@ -72,12 +79,14 @@ class NodeBus {
   static int method_list_gpus(sd_bus_message* m, void* self, sd_bus_error* error);
   static int method_list_slots(sd_bus_message* m, void* self, sd_bus_error* error);
   static int method_list_models(sd_bus_message* m, void* self, sd_bus_error* error);
+  static int method_list_artifacts(sd_bus_message* m, void* self, sd_bus_error* error);
   // Checks the sender against the access policy; < 0 (error set) when refused.
   int authorize(sd_bus_message* m, const char* action, sd_bus_error* error);
 
   ManagerInfo manager_;
   NodeService& service_;
   const AccessPolicy* access_;
+  const ArtifactStore* artifacts_ = nullptr;
   BusSnapshot snapshot_;
   std::chrono::milliseconds tick_{250};
   sd_bus* bus_ = nullptr;

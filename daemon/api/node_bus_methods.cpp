@@ -2,6 +2,7 @@
 // a ServiceError into a named D-Bus error.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "daemon/api/bus_caller.hpp"
@@ -155,6 +156,25 @@ int NodeBus::method_list_models(sd_bus_message* m, void* self, sd_bus_error*) {
                            std::string(to_string(s.state)).c_str(),
                            static_cast<uint64_t>(s.fetched_bytes),
                            static_cast<uint64_t>(s.total_bytes), model_path(s.key).c_str());
+                     });
+}
+
+int NodeBus::method_list_artifacts(sd_bus_message* m, void* self, sd_bus_error*) {
+  NodeBus* b = self_of(self);
+  const char* model = nullptr;
+  if (int r = sd_bus_message_read(m, "s", &model); r < 0) return r;
+  const std::vector<ListedArtifact> listed =
+      b->artifacts_ != nullptr ? b->artifacts_->list(model) : std::vector<ListedArtifact>{};
+  return reply_array(m, "(ssssssuttbs)", listed,
+                     [](sd_bus_message* reply, const ListedArtifact& a) {
+                       const ArtifactIdentity& id = a.identity;
+                       return sd_bus_message_append(
+                           reply, "(ssssssuttbs)", a.key.c_str(), id.kind.c_str(), id.model.c_str(),
+                           id.engine.c_str(), id.gpu.c_str(), id.driver.c_str(),
+                           static_cast<uint32_t>(a.owner.value_or(static_cast<uid_t>(-1))),
+                           static_cast<uint64_t>(a.bytes),
+                           static_cast<uint64_t>(std::max<std::int64_t>(a.modified_usec, 0)),
+                           static_cast<int>(a.summary.readable), a.summary.text.c_str());
                      });
 }
 

@@ -9,10 +9,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "common/proto/document_fd.hpp"
+#include "common/proto/shim_messages.hpp"
 #include "daemon/log/log.hpp"
 #include "daemon/store/fetch/sha256.hpp"
 
@@ -128,6 +131,53 @@ ServiceResult<void> write_atomically(const fs::path& dir, const fs::path& final_
 }
 
 constexpr std::string_view kCandidateSuffix = ".candidate";
+constexpr std::string_view kRecordSuffix = ".json";
+
+struct RecordName {
+  std::string kind;
+  std::optional<uid_t> owner;
+};
+
+bool all_of(std::string_view s, bool (*pred)(char)) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), pred);
+}
+bool is_hex(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+
+// "<kind>-<uid>-<32 hex>.json" (key()), or "<kind>-<32 hex>.json" (a record of before records
+// had owners); anything else in the directory is not a record (".json.tmp", ".candidate").
+std::optional<RecordName> parse_record_name(std::string_view name) {
+  constexpr std::size_t kDigest = 32;
+  if (!name.ends_with(kRecordSuffix)) return std::nullopt;
+  name.remove_suffix(kRecordSuffix.size());
+  if (name.size() < kDigest + 2 || name[name.size() - kDigest - 1] != '-' ||
+      !all_of(name.substr(name.size() - kDigest), is_hex)) {
+    return std::nullopt;
+  }
+  name.remove_suffix(kDigest + 1);
+  RecordName out;
+  if (const auto dash = name.rfind('-'); dash != std::string_view::npos) {
+    const std::string_view uid = name.substr(dash + 1);
+    if (all_of(uid, is_digit) && uid.size() <= 10) {
+      const unsigned long long value = std::stoull(std::string(uid));
+      if (value <= std::numeric_limits<uid_t>::max()) {
+        out.owner = static_cast<uid_t>(value);
+        name = name.substr(0, dash);
+      }
+    }
+  }
+  if (!valid_kind(name)) return std::nullopt;
+  out.kind = std::string(name);
+  return out;
+}
+
+std::int64_t nsec_of(const timespec& t) {
+  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
 
 }  // namespace
 
@@ -378,6 +428,86 @@ std::optional<std::string> ArtifactStore::newest_for_model(const std::string& ki
   log(LogLevel::warning,
       fmt::format("reading {} records for {}: {}; prewarming without one", kind, model, e.what()));
   return std::nullopt;
+}
+
+}  // namespace thaw::daemon
+
+namespace thaw::daemon {
+
+ArtifactStore::ReadForListing ArtifactStore::read_for_listing(const fs::path& path,
+                                                              std::string kind) {
+  ReadForListing r;
+  r.identity.kind = std::move(kind);
+  auto opened = open_record(path);
+  if (!opened) {
+    r.summary = {false, opened.error().why};
+    return r;
+  }
+  auto text = proto::read_document(opened->fd.get(), opened->bytes);
+  if (!text) {
+    r.summary = {false, proto::printable(text.error(), 512)};
+    return r;
+  }
+  const nlohmann::json doc = nlohmann::json::parse(*text, nullptr, false);
+  auto id = doc.is_object() ? doc.find("identity") : doc.end();
+  if (doc.is_object() && id != doc.end() && identity_shape_ok(*id)) {
+    r.identity.engine = (*id)["engine"].get<std::string>();
+    r.identity.model = (*id)["model"].get<std::string>();
+    r.identity.gpu = (*id)["gpu"].get<std::string>();
+    r.identity.driver = (*id)["driver"].get<std::string>();
+  }
+  r.summary = summarize_artifact(r.identity.kind, *text);
+  if (r.summary.readable && r.identity.model.empty()) {
+    r.summary = {false, "its identity is not {engine, model, gpu, driver}, all strings"};
+  }
+  return r;
+}
+
+std::vector<ListedArtifact> ArtifactStore::list(std::string_view model) const try {
+  std::vector<ListedArtifact> out;
+  std::lock_guard lock(listed_mutex_);
+  std::map<fs::path, ReadForListing> seen;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& path = it->path();
+    auto name = parse_record_name(path.filename().string());
+    if (!name) continue;
+    ListedArtifact a;
+    a.key = path.stem().string();
+    a.owner = name->owner;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) continue;  // removed while listed
+    // Read again only when the file changed since the last listing (a put renames a new
+    // inode in; an engine's get touches the time).
+    auto cached = listed_.find(path);
+    if (cached == listed_.end() || cached->second.inode != st.st_ino ||
+        cached->second.bytes != static_cast<std::uint64_t>(st.st_size) ||
+        cached->second.modified_nsec != nsec_of(st.st_mtim) || !S_ISREG(st.st_mode)) {
+      ReadForListing fresh = read_for_listing(path, name->kind);
+      fresh.inode = st.st_ino;
+      fresh.bytes = S_ISREG(st.st_mode) ? static_cast<std::uint64_t>(st.st_size) : 0;
+      fresh.modified_nsec = nsec_of(st.st_mtim);
+      cached = listed_.insert_or_assign(path, std::move(fresh)).first;
+    }
+    const ReadForListing& r = cached->second;
+    seen.emplace(path, r);
+    if (!model.empty() && r.identity.model != model) continue;
+    a.identity = r.identity;
+    a.bytes = r.bytes;
+    a.modified_usec = r.modified_nsec / 1000;
+    a.summary = r.summary;
+    out.push_back(std::move(a));
+  }
+  listed_ = std::move(seen);  // files gone since are forgotten
+  std::ranges::sort(out, [](const ListedArtifact& a, const ListedArtifact& b) {
+    return std::tie(a.identity.model, a.identity.kind, a.identity.engine, a.key) <
+           std::tie(b.identity.model, b.identity.kind, b.identity.engine, b.key);
+  });
+  return out;
+} catch (const std::exception& e) {
+  // A failing allocation: the listing is empty, thawd goes on.
+  log(LogLevel::warning, fmt::format("listing the artifacts in {}: {}", dir_.string(), e.what()));
+  return {};
 }
 
 }  // namespace thaw::daemon

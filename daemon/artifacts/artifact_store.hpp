@@ -37,6 +37,11 @@
 // replaces the record only when the next diverging run agrees with it — so one crashed or
 // odd run never costs the runs after it their zero-copy, while an engine whose behaviour
 // really changed gets a new record after two runs. Documents without a sequence replace.
+//
+// Operators see the records with list() (D-Bus ListArtifacts, thawctl artifacts): every
+// user's, each with a summary read by its kind's codec (artifact_summary.hpp). A record that
+// does not read — not JSON, refused by its codec, a FIFO or symlink planted in the directory —
+// is listed as unreadable with the reason, never skipped silently and never an error.
 #pragma once
 
 #include <sys/types.h>
@@ -45,15 +50,18 @@
 #include <expected>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/fd/unique_fd.hpp"
+#include "daemon/artifacts/artifact_summary.hpp"
 #include "daemon/service/service_error.hpp"
 
 namespace thaw::daemon {
@@ -94,6 +102,16 @@ struct StoredArtifact {
   std::uint64_t bytes = 0;
 };
 
+// One stored record as an operator sees it.
+struct ListedArtifact {
+  std::string key;             // its file's name without ".json"
+  ArtifactIdentity identity;   // the kind from the file name; the rest "" when unreadable
+  std::optional<uid_t> owner;  // nullopt: a record of before records had owners
+  std::uint64_t bytes = 0;
+  std::int64_t modified_usec = 0;  // last stored, or read back by an engine (get marks it)
+  ArtifactSummary summary;
+};
+
 class ArtifactStore {
  public:
   static constexpr std::uint64_t kMaxArtifactBytes = 32ull << 20;
@@ -120,9 +138,25 @@ class ArtifactStore {
   std::optional<std::string> newest_for_model(const std::string& kind,
                                               const std::string& model) const;
 
+  // Every user's records (not candidates) whose identity names `model`, or all of them when
+  // `model` is empty — unreadable ones too, with why (those whose model cannot be read only
+  // when `model` is empty). Sorted by model, kind, engine, key. A record is read and
+  // summarized once per version of its file (inode, size, modification time).
+  std::vector<ListedArtifact> list(std::string_view model = {}) const;
+
   const std::filesystem::path& directory() const { return dir_; }
 
  private:
+  struct ReadForListing {
+    ino_t inode = 0;
+    std::uint64_t bytes = 0;
+    std::int64_t modified_nsec = 0;
+    ArtifactIdentity identity;
+    ArtifactSummary summary;
+  };
+  // What list() shows of the record at `path` (kind from its name), read now.
+  static ReadForListing read_for_listing(const std::filesystem::path& path, std::string kind);
+
   // The most recently modified record whose name starts with `prefix` and whose identity
   // `wanted` accepts.
   std::optional<std::filesystem::path> newest_path(
@@ -135,6 +169,9 @@ class ArtifactStore {
   std::filesystem::path dir_;
   mutable std::mutex logged_mutex_;
   mutable std::set<std::filesystem::path> logged_;  // invalid records already logged
+  mutable std::mutex listed_mutex_;
+  // list()'s reading of each record file, by path; pruned to the files present at each list().
+  mutable std::map<std::filesystem::path, ReadForListing> listed_;
 };
 
 }  // namespace thaw::daemon

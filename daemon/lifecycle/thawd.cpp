@@ -193,7 +193,7 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   }
 
   notifier.status("taking the D-Bus name " + std::string(kBusName));
-  auto bus = NodeBus::start(c.bus, info, *d->service_, *d->access_, d->event_);
+  auto bus = NodeBus::start(c.bus, info, *d->service_, *d->access_, d->event_, d->artifacts_.get());
   if (!bus) return std::unexpected(bus.error());
   d->bus_ = std::move(*bus);
   d->state_ = "running";

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <ctime>
 #include <thread>
 
 #include "common/text/byte_size.hpp"
@@ -365,6 +366,103 @@ int slot_action(sd_bus* bus, const char* method, const std::string& slot, const 
     std::string action(method);
     std::ranges::transform(action, action.begin(), [](unsigned char c) { return std::tolower(c); });
     fmt::print("{}\n", nlohmann::json{{"slot", slot}, {"done", action}}.dump());
+  }
+  return kExitOk;
+}
+
+namespace {
+
+constexpr std::uint32_t kNoOwner = 0xffffffffu;  // ListArtifacts: a record without an owner
+
+nlohmann::json list_artifacts(sd_bus* bus, const std::string& model) {
+  Reply reply = call(bus, "ListArtifacts", [&](sd_bus_message* m) {
+    return sd_bus_message_append(m, "s", model.c_str());
+  });
+  return read_array(reply.get(), "(ssssssuttbs)", [](sd_bus_message* m, nlohmann::json& out) {
+    const char *key = nullptr, *kind = nullptr, *model = nullptr, *engine = nullptr, *gpu = nullptr,
+               *driver = nullptr, *summary = nullptr;
+    uint32_t owner = 0;
+    uint64_t bytes = 0, modified_usec = 0;
+    int readable = 0;
+    const int r = sd_bus_message_read(m, "(ssssssuttbs)", &key, &kind, &model, &engine, &gpu,
+                                      &driver, &owner, &bytes, &modified_usec, &readable, &summary);
+    if (r > 0) {
+      out.push_back({{"key", key},
+                     {"kind", kind},
+                     {"model", model},
+                     {"engine", engine},
+                     {"gpu", gpu},
+                     {"driver", driver},
+                     {"owner", owner == kNoOwner ? nlohmann::json() : nlohmann::json(owner)},
+                     {"bytes", bytes},
+                     {"modified_usec", modified_usec},
+                     {"readable", readable != 0},
+                     {"summary", summary}});
+    }
+    return r;
+  });
+}
+
+// "2026-11-27 02:53:07", local time.
+std::string local_time(std::uint64_t usec) {
+  const std::time_t t = static_cast<std::time_t>(usec / 1'000'000);
+  std::tm tm{};
+  if (::localtime_r(&t, &tm) == nullptr) return "-";
+  char text[32];
+  return std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", &tm) > 0 ? text : "-";
+}
+
+// The engine fingerprint's program ("/usr/bin/python3 4096 17..." → "python3").
+std::string program_of(const std::string& engine) {
+  std::string program = engine.substr(0, engine.find(' '));
+  if (const auto slash = program.rfind('/'); slash != std::string::npos) {
+    program = program.substr(slash + 1);
+  }
+  return program.empty() ? "-" : program;
+}
+
+}  // namespace
+
+int artifacts(sd_bus* bus, const std::string& model, const Options& o) {
+  nlohmann::json out = list_artifacts(bus, model);
+  if (out.empty() && !model.empty()) {
+    // Records name the model by its cache key: a registry name is looked up.
+    for (const auto& m : list_models(bus)) {
+      if (m["name"] == model && m["key"] != model) {
+        out = list_artifacts(bus, m["key"].get<std::string>());
+        break;
+      }
+    }
+  }
+  if (o.json) {
+    fmt::print("{}\n", out.dump());
+    return kExitOk;
+  }
+  fmt::print("{:<32} {:<8} {:<12} {:<6} {:<24} {:<8} {:>10} {:<19} {}\n", "MODEL", "KIND", "ENGINE",
+             "OWNER", "GPU", "DRIVER", "SIZE", "USED", "SUMMARY");
+  bool unreadable = false;
+  for (const auto& a : out) {
+    const bool ok = a["readable"].get<bool>();
+    unreadable = unreadable || !ok;
+    const std::string model_text = a["model"].get<std::string>();
+    fmt::print("{:<32} {:<8} {:<12} {:<6} {:<24} {:<8} {:>10} {:<19} {}{}\n",
+               model_text.empty() ? "?" : model_text, a["kind"].get<std::string>(),
+               program_of(a["engine"].get<std::string>()),
+               a["owner"].is_null() ? std::string("-") : a["owner"].dump(),
+               a["gpu"].get<std::string>(), a["driver"].get<std::string>(), bytes(a["bytes"]),
+               local_time(a["modified_usec"].get<std::uint64_t>()),
+               ok ? "" : "unreadable: ", a["summary"].get<std::string>());
+  }
+  if (out.empty()) {
+    fmt::print("{}\n", model.empty() ? "(no artifacts: engines record them on their first run "
+                                       "under the shim)"
+                                     : "(no artifacts of this model)");
+  }
+  if (unreadable) {
+    fmt::print(
+        "(unreadable records are not used: remove KEY.json from the artifacts directory of "
+        "thawd's node.state_dir (thawctl --json artifacts names each KEY); engines record new "
+        "ones)\n");
   }
   return kExitOk;
 }

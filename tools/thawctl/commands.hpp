@@ -26,5 +26,7 @@ int fetch(sd_bus* bus, const std::string& model, const Options& o);
 int prewarm(sd_bus* bus, const std::string& model, const Options& o);
 int slot_action(sd_bus* bus, const char* method, const std::string& slot, const Options& o);
 int wait_model(sd_bus* bus, const std::string& model, const Options& o);
+// Engines' recorded artifacts, of `model` (its cache key or registry name) or "" for all.
+int artifacts(sd_bus* bus, const std::string& model, const Options& o);
 
 }  // namespace thawctl

@@ -6,6 +6,7 @@
 //     prewarm MODEL [--gpu N] [--layers K] [--no-wait]
 //     activate SLOT [--kv-bytes SIZE] | deactivate SLOT | evict SLOT
 //     wait MODEL [--timeout SECONDS]
+//     artifacts [MODEL]                engines' recorded artifacts (layout, kvcache, graphs)
 //     cluster deploy|cold-start|load|state   (thaw-coordinator's frontend endpoint, not D-Bus)
 //
 // Exit codes: 0 done; 1 thawd unreachable or it refused (the message says why); 2 bad
@@ -35,6 +36,10 @@ int main(int argc, char** argv) {
   auto* gpus_cmd = app.add_subcommand("gpus", "each GPU's pool: size, free, prewarm slots");
   auto* slots_cmd = app.add_subcommand("slots", "prewarm slots: model, GPU, state, bytes resident");
   auto* models_cmd = app.add_subcommand("models", "cached and fetching models");
+  auto* artifacts_cmd = app.add_subcommand(
+      "artifacts",
+      "engines' recorded artifacts (layout, KV-cache sizing, CUDA graphs) and what each holds");
+  artifacts_cmd->add_option("model", model, "only this model's (cache key or registry name)");
   auto* fetch_cmd = app.add_subcommand("fetch", "fetch a model into the node's cache");
   fetch_cmd->add_option("model", model, "registry name (\"gpt2\", \"org/name\") or cache key")
       ->required();
@@ -162,6 +167,7 @@ int main(int argc, char** argv) {
     if (deactivate_cmd->parsed()) return slot_action(b, "Deactivate", slot, o);
     if (evict_cmd->parsed()) return slot_action(b, "Evict", slot, o);
     if (wait_cmd->parsed()) return wait_model(b, model, o);
+    if (artifacts_cmd->parsed()) return artifacts(b, model, o);
   } catch (const Failure& f) {
     if (o.json) {
       fmt::print("{}\n", nlohmann::json{{"error", f.error_name}, {"message", f.message}}.dump());

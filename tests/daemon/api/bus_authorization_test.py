@@ -53,6 +53,7 @@ READ = {
     f"{MANAGER}.ListGpus",
     f"{MANAGER}.ListSlots",
     f"{MANAGER}.ListModels",
+    f"{MANAGER}.ListArtifacts",
     f"{PROPS}.Get",
     f"{PROPS}.GetAll",
     "org.freedesktop.DBus.Introspectable.Introspect",
