@@ -136,6 +136,7 @@ ordered_json graph_json(const RecordedGraph& g) {
   out["allocation_index"] = g.allocation_index;
   out["nodes"] = std::move(nodes);
   out["edges"] = std::move(edges);
+  out["label"] = g.label;
   return out;
 }
 
@@ -257,6 +258,22 @@ std::string read_string(const json& j, const Where& where, std::string& out) {
   if (s.size() > kMaxNameBytes)
     return fail(where,
                 fmt::format("is {} bytes long, over the limit of {}", s.size(), kMaxNameBytes));
+  out = s;
+  return {};
+}
+
+// "" or printable ASCII of at most kMaxLabelBytes (what the restore ABI accepts as a label).
+std::string read_label(const json& j, const Where& where, std::string& out) {
+  if (!j.is_string()) return fail(where, fmt::format("is {}, not a string", describe(j)));
+  const auto& s = j.get_ref<const std::string&>();
+  if (s.size() > kMaxLabelBytes)
+    return fail(where,
+                fmt::format("is {} bytes long, over the limit of {}", s.size(), kMaxLabelBytes));
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c > 0x7e)
+      return fail(where, fmt::format("byte {} is {:#04x}, not printable ASCII", i, c));
+  }
   out = s;
   return {};
 }
@@ -487,10 +504,11 @@ std::string check_acyclic(const RecordedGraph& g, const Where& edges_at) {
 std::string read_graph(const json& j, const Where& where,
                        const std::map<std::string, std::size_t, std::less<>>& modules,
                        RecordedGraph& g) {
-  THAW_TRY(exact_fields(j, where, {"index", "allocation_index", "nodes", "edges"}));
+  THAW_TRY(exact_fields(j, where, {"index", "allocation_index", "nodes", "edges", "label"}));
   THAW_TRY(read_u32(j.at("index"), Where(where, "index"), g.index));
   THAW_TRY(
       read_u64(j.at("allocation_index"), Where(where, "allocation_index"), g.allocation_index));
+  THAW_TRY(read_label(j.at("label"), Where(where, "label"), g.label));
 
   const json& nodes = j.at("nodes");
   const Where nodes_at(where, "nodes");

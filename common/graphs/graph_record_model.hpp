@@ -5,14 +5,15 @@
 // which lacks <expected>. The rest of thaw includes graph_record.hpp, which adds the
 // std::expected API over it.
 //
-// The text form (version 1), one JSON object with exactly these fields (a missing or an unknown
-// field is an error at every level: a new field is a new version):
+// The text form (version 2), one JSON object with exactly these fields (a missing or an unknown
+// field is an error at every level: a new field is a new version — version 2 added the graphs'
+// "label"; a version 1 text is refused, as any other version):
 //   {"version": 1,
 //    "identity": {"engine": s, "model": s, "gpu": s, "driver": s},
 //    "modules": [{"digest": hex64, "bytes": u64 >= 1, "kind": "cubin"|"fatbin"|"ptx"|"unknown"}],
 //    "graphs": [{"index": u32, "allocation_index": u64,
 //                "nodes": [{"type": t, <payload>}],
-//                "edges": [[from, to], ...]}]}
+//                "edges": [[from, to], ...], "label": s}]}
 // where t is a NodeType's name (to_string) and the payload is the field named like the type
 // for "kernel", "memset" and "memcpy" and nothing for the others:
 //   "kernel": {"module_digest": hex64 of a listed module, "name": s (non-empty),
@@ -51,7 +52,7 @@
 
 namespace thaw::graphs {
 
-inline constexpr int kGraphRecordVersion = 1;
+inline constexpr int kGraphRecordVersion = 2;
 
 // Limits of what a record may hold (a capture of a real engine is far below each).
 inline constexpr std::size_t kMaxGraphRecordBytes = 32u << 20;  // thawd's artifact limit
@@ -62,6 +63,7 @@ inline constexpr std::size_t kMaxEdgesPerGraph = 262144;
 inline constexpr std::size_t kMaxParamBytes = 32764;  // CUDA's kernel parameter limit
 inline constexpr std::size_t kMaxParamsPerKernel = 4096;
 inline constexpr std::size_t kMaxNameBytes = 4096;
+inline constexpr std::size_t kMaxLabelBytes = 4096;  // the restore ABI's key limit
 
 struct GraphIdentity {
   std::string engine;  // fingerprint of the program (as the layout record's)
@@ -151,6 +153,10 @@ struct RecordedGraph {
   std::uint64_t allocation_index = 0;
   std::vector<RecordedNode> nodes;
   std::vector<RecordedEdge> edges;
+  // What the engine called the graph before capturing it (thaw_restore_graph_label: e.g.
+  // "decode batch=8"), by which a later run asks for it; "" when it said nothing. Several
+  // graphs may carry one label: a restore takes the last (a later capture replaces).
+  std::string label;
   bool operator==(const RecordedGraph&) const = default;
 };
 

@@ -96,26 +96,32 @@ void GraphRecorder::library_loaded(CUlibrary library, const graphs::RecordedModu
   stats_.image_bytes += image.bytes;
 }
 
+void GraphRecorder::label_next_capture(std::string label) {
+  std::lock_guard lock(mutex_);
+  next_label_ = std::move(label);
+}
+
 void GraphRecorder::capture_began(std::uint64_t capture, std::uint64_t allocations) {
   std::lock_guard lock(mutex_);
-  began_[capture] = allocations;
+  began_[capture] = Began{allocations, std::exchange(next_label_, std::string())};
 }
 
 void GraphRecorder::capture_ended(std::uint64_t capture, CUgraph graph, bool layout_active) {
   RecordedGraph g;
-  std::optional<std::uint64_t> allocations;
+  std::optional<Began> began;
   {
     std::lock_guard lock(mutex_);
     g.index = next_index_++;
     ++stats_.captured;
     if (!layout_active) outside_layout_ = true;
     if (auto it = began_.find(capture); it != began_.end()) {
-      allocations = it->second;
+      began = std::move(it->second);
       began_.erase(it);
     }
   }
-  if (!allocations) return omit("the beginning of its capture was not seen");
-  g.allocation_index = *allocations;
+  if (!began) return omit("the beginning of its capture was not seen");
+  g.allocation_index = began->allocations;
+  g.label = std::move(began->label);
   const auto start = std::chrono::steady_clock::now();
   const std::optional<std::string> incomplete = walk(graph, g);
   const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -402,6 +408,7 @@ void GraphRecorder::reset_after_fork() {
   library_digests_.clear();
   library_names_.clear();
   began_.clear();
+  next_label_.clear();
   graphs_.clear();
   next_index_ = 0;
   omissions_.clear();

@@ -92,6 +92,11 @@ class GraphRecorder {
   void module_loaded(CUmodule module, const graphs::RecordedModule& image);
   void library_loaded(CUlibrary library, const graphs::RecordedModule& image);
 
+  // The restore ABI (thaw_restore_graph_label): the next capture to begin, on any thread, is
+  // recorded with `label` (printable ASCII, checked by the caller); a later label replaces one
+  // no capture took yet.
+  void label_next_capture(std::string label);
+
   // The capture hooks. `capture`: the driver's capture id; `allocations`: allocations the
   // deterministic layout had served when it began. `layout_active`: whether the layout was
   // serving allocations when it ended (a graph captured otherwise points at memory no later
@@ -129,7 +134,12 @@ class GraphRecorder {
   std::map<CUlibrary, std::string> library_digests_;      // library handle -> digest
   // Sorted kernel names per library, computed when first needed.
   std::map<CUlibrary, std::vector<std::string>> library_names_;
-  std::map<std::uint64_t, std::uint64_t> began_;  // capture id -> allocations
+  struct Began {
+    std::uint64_t allocations = 0;
+    std::string label;
+  };
+  std::map<std::uint64_t, Began> began_;  // by capture id
+  std::string next_label_;                // for the next capture to begin
   std::vector<graphs::RecordedGraph> graphs_;
   std::uint32_t next_index_ = 0;
   std::map<std::string, std::uint64_t> omissions_;  // reason -> graphs

@@ -1,6 +1,8 @@
 // Hooks of module and library loading: after the driver accepted an image, the graph recorder
 // learns its digest per CUmodule / CUlibrary, so that a recorded kernel can name the image it
-// came from (preload/artifact/graph_recorder.hpp). The calls pass to the driver unchanged and
+// came from (preload/artifact/graph_recorder.hpp), and the graph restore learns the handle per
+// digest, so that a restored kernel is found in this run's load of the same image
+// (preload/restore/graph_restore.hpp). The calls pass to the driver unchanged and
 // its answer is the engine's; an image is read only after the driver has read it, and only
 // while graphs are recorded (the deterministic layout is on).
 #include <cuda.h>
@@ -38,8 +40,10 @@ void note(GraphRecorder& graphs, Handle handle,
   if (!image) return;
   if constexpr (std::is_same_v<Handle, CUmodule>) {
     graphs.module_loaded(handle, *image);
+    runtime().graph_restore().module_loaded(handle, image->digest);
   } else {
     graphs.library_loaded(handle, *image);
+    runtime().graph_restore().library_loaded(handle, image->digest);
   }
   debug("{}: {} image of {} bytes, sha256 {}", what, thaw::graphs::to_string(image->kind),
         image->bytes, image->digest);

@@ -1,10 +1,12 @@
 // The restore ABI's C entry points (preload/include/thaw/thaw_restore.h), exported by
-// libthaw-preload.so (exports.map: thaw_restore_*), and the environment that connects the
-// runtime's KvRestore to the driver, the engine's memory and thawd. Thin: the decisions are
-// KvRestore's (kv_restore.cpp) and KvRecord's (kv_record.cpp).
+// libthaw-preload.so (exports.map: thaw_restore_*), the environment that connects the
+// runtime's KvRestore to the driver, the engine's memory and thawd, and the driver a graph
+// restore builds with. Thin: the decisions are KvRestore's (kv_restore.cpp), KvRecord's
+// (kv_record.cpp) and GraphRestore's (graph_restore.cpp).
 #include <cuda.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 
@@ -95,7 +97,8 @@ std::expected<KvConditions, std::string> conditions() {
   return c;
 }
 
-int answer(KvStatus status, const std::string& message, char* why, size_t why_size) {
+template <typename Status>
+int answer(Status status, const std::string& message, char* why, size_t why_size) {
   if (why != nullptr && why_size > 0) {
     const std::size_t n = std::min(message.size(), why_size - 1);
     std::memcpy(why, message.data(), n);
@@ -103,6 +106,115 @@ int answer(KvStatus status, const std::string& message, char* why, size_t why_si
   }
   return static_cast<int>(status);
 }
+
+using restore::GraphStatus;
+static_assert(static_cast<int>(GraphStatus::ok) == THAW_RESTORE_OK);
+static_assert(static_cast<int>(GraphStatus::none) == THAW_RESTORE_NONE);
+static_assert(static_cast<int>(GraphStatus::stale) == THAW_RESTORE_STALE);
+static_assert(static_cast<int>(GraphStatus::corrupt) == THAW_RESTORE_CORRUPT);
+static_assert(static_cast<int>(GraphStatus::unavailable) == THAW_RESTORE_UNAVAILABLE);
+static_assert(static_cast<int>(GraphStatus::invalid_argument) == THAW_RESTORE_INVALID_ARGUMENT);
+static_assert(static_cast<int>(GraphStatus::mismatch) == THAW_RESTORE_MISMATCH);
+
+// A label the ABI accepts: 1 to THAW_RESTORE_MAX_KEY_BYTES printable ASCII bytes; else why not.
+std::optional<std::string> bad_label(const char* label) {
+  if (label == nullptr) return "label must not be NULL";
+  const std::size_t n = ::strnlen(label, THAW_RESTORE_MAX_KEY_BYTES + 1);
+  if (n == 0 || n > THAW_RESTORE_MAX_KEY_BYTES) {
+    return "a label is 1 to " + std::to_string(THAW_RESTORE_MAX_KEY_BYTES) + " bytes";
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (label[i] < 0x20 || label[i] > 0x7e) return "a label is printable ASCII";
+  }
+  return std::nullopt;
+}
+
+// The driver a restore builds graphs with: the driver library's own entry points, looked up by
+// name (the shim hooks none of them).
+class ShimGraphBuildDriver final : public restore::GraphBuildDriver {
+ public:
+  bool complete() const {
+    return ctx_get_current_ && graph_create_ && graph_destroy_ && add_kernel_ && add_memset_ &&
+           add_memcpy_ && add_empty_ && add_dependencies_ && instantiate_ &&
+           (module_get_function_ || (library_get_kernel_ && kernel_get_function_));
+  }
+  CUresult current_context(CUcontext& out) override { return ctx_get_current_(&out); }
+  CUresult module_function(CUmodule m, const char* name, CUfunction& out) override {
+    if (module_get_function_ == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return module_get_function_(&out, m, name);
+  }
+  CUresult library_function(CUlibrary l, const char* name, CUfunction& out) override {
+    if (library_get_kernel_ == nullptr || kernel_get_function_ == nullptr)
+      return CUDA_ERROR_NOT_SUPPORTED;
+    CUkernel k = nullptr;
+    if (CUresult r = library_get_kernel_(&k, l, name); r != CUDA_SUCCESS) return r;
+    return kernel_get_function_(&out, k);
+  }
+  CUresult graph_create(CUgraph& out) override { return graph_create_(&out, 0); }
+  CUresult graph_destroy(CUgraph graph) override { return graph_destroy_(graph); }
+  CUresult add_kernel_node(CUgraph graph, const CUDA_KERNEL_NODE_PARAMS& params,
+                           CUgraphNode& out) override {
+    return add_kernel_(&out, graph, nullptr, 0, &params);
+  }
+  CUresult set_kernel_attribute(CUgraphNode node, CUkernelNodeAttrID id,
+                                const CUkernelNodeAttrValue& value) override {
+    if (set_attribute_ == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return set_attribute_(node, id, &value);
+  }
+  CUresult add_memset_node(CUgraph graph, const CUDA_MEMSET_NODE_PARAMS& params, CUcontext ctx,
+                           CUgraphNode& out) override {
+    return add_memset_(&out, graph, nullptr, 0, &params, ctx);
+  }
+  CUresult add_memcpy_node(CUgraph graph, const CUDA_MEMCPY3D& params, CUcontext ctx,
+                           CUgraphNode& out) override {
+    return add_memcpy_(&out, graph, nullptr, 0, &params, ctx);
+  }
+  CUresult add_empty_node(CUgraph graph, CUgraphNode& out) override {
+    return add_empty_(&out, graph, nullptr, 0);
+  }
+  CUresult add_dependency(CUgraph graph, CUgraphNode from, CUgraphNode to) override {
+    return add_dependencies_(graph, &from, &to, 1);
+  }
+  CUresult instantiate(CUgraph graph, unsigned long long flags, CUgraphExec& out) override {
+    return instantiate_(&out, graph, flags);
+  }
+
+  CUresult (*ctx_get_current_)(CUcontext*) =
+      driver_fn<decltype(ctx_get_current_)>("cuCtxGetCurrent");
+  CUresult (*module_get_function_)(CUfunction*, CUmodule, const char*) =
+      driver_fn<decltype(module_get_function_)>("cuModuleGetFunction");
+  CUresult (*library_get_kernel_)(CUkernel*, CUlibrary, const char*) =
+      driver_fn<decltype(library_get_kernel_)>("cuLibraryGetKernel");
+  CUresult (*kernel_get_function_)(CUfunction*, CUkernel) =
+      driver_fn<decltype(kernel_get_function_)>("cuKernelGetFunction");
+  CUresult (*graph_create_)(CUgraph*,
+                            unsigned) = driver_fn<decltype(graph_create_)>("cuGraphCreate");
+  CUresult (*graph_destroy_)(CUgraph) = driver_fn<decltype(graph_destroy_)>("cuGraphDestroy");
+  // _v2 takes CUDA_KERNEL_NODE_PARAMS_v2; v1's struct is its prefix.
+  CUresult (*add_kernel_)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                          const CUDA_KERNEL_NODE_PARAMS*) = kernel_node_adder();
+  CUresult (*set_attribute_)(CUgraphNode, CUkernelNodeAttrID, const CUkernelNodeAttrValue*) =
+      driver_fn<decltype(set_attribute_)>("cuGraphKernelNodeSetAttribute");
+  CUresult (*add_memset_)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                          const CUDA_MEMSET_NODE_PARAMS*,
+                          CUcontext) = driver_fn<decltype(add_memset_)>("cuGraphAddMemsetNode");
+  CUresult (*add_memcpy_)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_MEMCPY3D*,
+                          CUcontext) = driver_fn<decltype(add_memcpy_)>("cuGraphAddMemcpyNode");
+  CUresult (*add_empty_)(CUgraphNode*, CUgraph, const CUgraphNode*,
+                         size_t) = driver_fn<decltype(add_empty_)>("cuGraphAddEmptyNode");
+  CUresult (*add_dependencies_)(CUgraph, const CUgraphNode*, const CUgraphNode*, size_t) =
+      driver_fn<decltype(add_dependencies_)>("cuGraphAddDependencies");
+  CUresult (*instantiate_)(CUgraphExec*, CUgraph, unsigned long long) =
+      driver_fn<decltype(instantiate_)>("cuGraphInstantiateWithFlags");
+
+ private:
+  using AddKernel = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                                 const CUDA_KERNEL_NODE_PARAMS*);
+  static AddKernel kernel_node_adder() {
+    if (auto v2 = driver_fn<AddKernel>("cuGraphAddKernelNode_v2")) return v2;
+    return driver_fn<AddKernel>("cuGraphAddKernelNode");
+  }
+};
 
 }  // namespace
 
@@ -124,10 +236,13 @@ restore::KvRestoreEnvironment shim_kv_environment() {
 }  // namespace thaw::preload
 
 using thaw::preload::answer;
+using thaw::preload::bad_label;
 using thaw::preload::config;
 using thaw::preload::debug;
 using thaw::preload::kKvStructV1;
 using thaw::preload::runtime;
+using thaw::preload::ShimGraphBuildDriver;
+using thaw::preload::restore::GraphStatus;
 using thaw::preload::restore::KvSize;
 using thaw::preload::restore::KvStatus;
 
@@ -188,6 +303,62 @@ __attribute__((visibility("default"))) int thaw_restore_kv_record(const char* co
   return answer(r.status, r.why, why, why_size);
 } catch (const std::exception& e) {
   return answer(KvStatus::unavailable, std::string("internal error: ") + e.what(), why, why_size);
+}
+
+__attribute__((visibility("default"))) int thaw_restore_graph(const char* label,
+                                                              unsigned long long flags,
+                                                              CUgraphExec* exec, char* why,
+                                                              size_t why_size) try {
+  if (auto bad = bad_label(label))
+    return answer(GraphStatus::invalid_argument, *bad, why, why_size);
+  if (exec == nullptr) {
+    return answer(GraphStatus::invalid_argument, "exec must not be NULL", why, why_size);
+  }
+  if (config().disabled) {
+    return answer(GraphStatus::unavailable, "THAW_PRELOAD_DISABLE is set", why, why_size);
+  }
+  thaw::preload::ReentryGuard guard;  // the shim's own driver calls and thawd reads
+  ShimGraphBuildDriver driver;
+  if (!driver.complete()) {
+    return answer(GraphStatus::unavailable, "the driver lacks the graph calls a restore needs", why,
+                  why_size);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = runtime().graph_restore().restore(driver, label, flags);
+  if (r.status == GraphStatus::ok) {
+    *exec = r.exec;
+    debug("restore: graph \"{}\" rebuilt from thawd's record: {} nodes, {} edges, {:.3f} ms", label,
+          r.nodes, r.edges,
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  } else {
+    debug("restore: graph \"{}\" not restored ({}): {}", label, to_string(r.status), r.why);
+    if (r.status == GraphStatus::corrupt) thaw::preload::notice_once("graphs-corrupt", r.why);
+  }
+  return answer(r.status, r.why, why, why_size);
+} catch (const std::exception& e) {
+  return answer(GraphStatus::unavailable, std::string("internal error: ") + e.what(), why,
+                why_size);
+}
+
+__attribute__((visibility("default"))) int thaw_restore_graph_label(const char* label, char* why,
+                                                                    size_t why_size) try {
+  if (auto bad = bad_label(label))
+    return answer(GraphStatus::invalid_argument, *bad, why, why_size);
+  if (config().disabled) {
+    return answer(GraphStatus::unavailable, "THAW_PRELOAD_DISABLE is set", why, why_size);
+  }
+  thaw::preload::ReentryGuard guard;
+  thaw::preload::GraphRecorder* recorder = runtime().graph_recorder();
+  if (recorder == nullptr) {
+    return answer(GraphStatus::unavailable,
+                  "this run's graphs are not recorded (no deterministic layout, or no driver yet)",
+                  why, why_size);
+  }
+  recorder->label_next_capture(label);
+  return answer(GraphStatus::ok, "", why, why_size);
+} catch (const std::exception& e) {
+  return answer(GraphStatus::unavailable, std::string("internal error: ") + e.what(), why,
+                why_size);
 }
 
 }  // extern "C"

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "common/graphs/graph_record.hpp"
@@ -106,7 +107,54 @@ ShimCounters& counters() {
 ShimRuntime::ShimRuntime()
     : config_(read_shim_config()),
       layout_on_(config_.deterministic && !config_.disabled),
-      kv_restore_(shim_kv_environment()) {}
+      kv_restore_(shim_kv_environment()),
+      graph_restore_(graph_restore_environment()) {}
+
+// Reads the layout and its recorder as built (never builds them: GraphRestore calls this under
+// its lock, which is taken before theirs and never after build_mutex_).
+restore::GraphRestoreEnvironment ShimRuntime::graph_restore_environment() {
+  restore::GraphRestoreEnvironment env;
+  env.identity = [this]() -> std::expected<graphs::GraphIdentity, std::string> {
+    LayoutRecorder* r = recorder_.load(std::memory_order_acquire);
+    if (r == nullptr) return std::unexpected("the deterministic layout is off");
+    const LayoutIdentity id = r->snapshot().identity;
+    if (!id.complete()) {
+      return std::unexpected(
+          "the run has no layout identity yet (no model file of a thaw cache opened, or no "
+          "allocation made)");
+    }
+    return graphs::GraphIdentity{id.engine, id.model, id.gpu, id.driver};
+  };
+  env.not_following = [this]() -> std::optional<std::string> {
+    LayoutRecorder* r = recorder_.load(std::memory_order_acquire);
+    DeterministicLayout* l = layout_.load(std::memory_order_acquire);
+    if (r == nullptr || l == nullptr) return "the deterministic layout is off";
+    if (!l->active()) return "the layout stopped: " + l->stop_reason().value_or("?");
+    if (r->diverged()) return "the allocation sequence left it";
+    if (!r->record_fingerprint()) return "thawd held no layout record for this run";
+    return std::nullopt;
+  };
+  env.allocations = [this]() -> std::uint64_t {
+    DeterministicLayout* l = layout_.load(std::memory_order_acquire);
+    return l != nullptr ? l->allocations() : 0;
+  };
+  env.in_region = [this](std::uint64_t address) {
+    DeterministicLayout* l = layout_.load(std::memory_order_acquire);
+    return l != nullptr && l->in_region(address);
+  };
+  env.live = [this](std::uint64_t address, std::uint64_t bytes) {
+    DeterministicLayout* l = layout_.load(std::memory_order_acquire);
+    if (l == nullptr) return false;
+    const auto a = l->find(address);
+    return a && address - a->base <= a->size && bytes <= a->size - (address - a->base);
+  };
+  env.fetch = [](const graphs::GraphIdentity& id) -> std::optional<std::string> {
+    ReentryGuard guard;  // the thawd client's reads and closes are the shim's own
+    return daemon_get_artifact(proto::ArtifactKind::graphs,
+                               {id.engine, id.model, id.gpu, id.driver});
+  };
+  return env;
+}
 
 // --- Library loaded ---
 
@@ -346,9 +394,27 @@ void ShimRuntime::store_graphs() {
   GraphRecorder* g = graph_recorder_.load();
   if (g == nullptr) return;
   const GraphRecorderStats s = g->stats();
-  if (s.captured == 0) return;
+  if (s.captured == 0) return;  // nothing new (restored graphs are in thawd's record already)
   for (const std::string& why : g->omissions()) debug("CUDA graphs left out: {}", why);
   graphs::GraphRecord record = g->record();
+  // Graphs this run was handed by a restore and did not capture again stay in the record
+  // (the pointers are the same: the run followed the layout they were recorded in).
+  std::vector<graphs::RecordedGraph> kept = graph_restore_.restored_graphs();
+  std::erase_if(kept, [&](const graphs::RecordedGraph& old) {
+    return std::any_of(record.graphs.begin(), record.graphs.end(),
+                       [&](const graphs::RecordedGraph& now) { return now.label == old.label; });
+  });
+  if (!kept.empty() && !record.graphs.empty()) {
+    for (const graphs::RecordedModule& m : graph_restore_.restored_modules()) {
+      if (std::none_of(record.modules.begin(), record.modules.end(),
+                       [&](const graphs::RecordedModule& have) { return have.digest == m.digest; }))
+        record.modules.push_back(m);
+    }
+    record.graphs.insert(record.graphs.begin(), kept.begin(), kept.end());
+    std::uint32_t index = 0;  // capture order: the restored ones first
+    for (graphs::RecordedGraph& graph : record.graphs) graph.index = index++;
+    debug("CUDA graphs: {} restored this run kept in the record", kept.size());
+  }
   LayoutRecorder* layout_recorder = recorder_.load();
   const LayoutIdentity id =
       layout_recorder != nullptr ? layout_recorder->snapshot().identity : LayoutIdentity{};

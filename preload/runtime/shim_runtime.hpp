@@ -32,6 +32,7 @@
 #include "preload/files/managed_files.hpp"
 #include "preload/inject/weight_injector.hpp"
 #include "preload/layout/deterministic_layout.hpp"
+#include "preload/restore/graph_restore.hpp"
 #include "preload/restore/kv_restore.hpp"
 #include "preload/runtime/engine_memory.hpp"
 #include "preload/runtime/ipc_tables.hpp"
@@ -85,6 +86,8 @@ class ShimRuntime {
   StreamCaptures& captures() { return captures_; }
   // The restore ABI's KV calls (preload/restore, thaw_restore.h).
   restore::KvRestore& kv_restore() { return kv_restore_; }
+  // The restore ABI's graph calls: the graphs record of an earlier run, rebuilt on request.
+  restore::GraphRestore& graph_restore() { return graph_restore_; }
 
   // The engine's fingerprint: the program file (path, size, modification time) and
   // $THAW_ENGINE_ID when set (to tell apart engines one interpreter runs, e.g. "vllm-0.11").
@@ -101,6 +104,8 @@ class ShimRuntime {
   void finish_injection();
   // At exit: the graphs record goes to thawd, when the run followed a deterministic layout.
   void store_graphs();
+  // What GraphRestore sees of the run: the layout and its recorder, thawd's "graphs" records.
+  restore::GraphRestoreEnvironment graph_restore_environment();
 
   const ShimConfig config_;
   const bool layout_on_;  // deterministic and not disabled
@@ -128,6 +133,7 @@ class ShimRuntime {
   IpcTables ipc_;
   StreamCaptures captures_;
   restore::KvRestore kv_restore_;
+  restore::GraphRestore graph_restore_;
 };
 
 // The process's runtime.

@@ -45,6 +45,7 @@ void reinitialise(Lock& lock) {
 
 void ShimRuntime::before_fork() {
   ReentryGuard guard;  // what the fork steps call (close, the driver) is the shim's own
+  graph_restore_.fork_mutex().lock();  // first: it is held while the layout's locks are taken
   build_mutex_.lock();
   ipc_.mutex.lock();
   if (DeterministicLayout* l = layout_.load()) l->fork_mutex().lock();
@@ -71,6 +72,7 @@ void ShimRuntime::after_fork_in_parent() {
   if (DeterministicLayout* l = layout_.load()) l->fork_mutex().unlock();
   ipc_.mutex.unlock();
   build_mutex_.unlock();
+  graph_restore_.fork_mutex().unlock();
 }
 
 void ShimRuntime::after_fork_in_child() {
@@ -80,7 +82,8 @@ void ShimRuntime::after_fork_in_child() {
   reinitialise(file_mappings_.fork_mutex());
   reinitialise(files_.fork_mutex());
   reinitialise(engine_memory_.fork_mutex());
-  kv_restore_.reset_after_fork();  // re-initialises its lock; the parent's lookup is not ours
+  kv_restore_.reset_after_fork();     // re-initialises its lock; the parent's lookup is not ours
+  graph_restore_.reset_after_fork();  // likewise; the parent's module handles are not ours
   reinitialise(ipc_.mutex);
   reinitialise(build_mutex_);
   // The child is a run of its own: the recorder starts afresh (keeping the model opened

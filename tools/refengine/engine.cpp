@@ -198,8 +198,55 @@ Engine::Engine(const EngineOptions& options, Timeline& timeline)
                                  ? default_graph_sizes(options_.limits.max_num_seqs)
                                  : options_.graph_sizes;
     const auto t0 = Timeline::now_ns();
-    runner_->capture_graphs(sizes, options_.num_warmups);
+    // --thaw-restore: each size's graph from thaw's record of an earlier run where it has a
+    // valid one (no warm-ups, no capture); the others captured as usual and labelled, so that
+    // the next run finds them.
+    std::optional<ThawRestore> graphs_abi;
+    if (options_.thaw_restore) {
+      if (auto found = ThawRestore::find(); !found) {
+        fmt::print(stderr, "refengine: --thaw-restore: {}; capturing every CUDA graph\n",
+                   found.error());
+      } else if (auto why = found->graphs_unsupported()) {
+        fmt::print(stderr, "refengine: --thaw-restore: {}; capturing every CUDA graph\n", *why);
+      } else {
+        graphs_abi = *found;
+      }
+    }
+    ModelRunner::GraphSource source;
+    if (graphs_abi) {
+      auto label = [&](int size) {
+        return fmt::format("refengine-decode/1 batch={} pp={}/{}", size, pp.rank, pp.size);
+      };
+      source.restored = [&, label](int size, unsigned long long flags) -> CUgraphExec {
+        const ThawRestore::Graph g = graphs_abi->graph(label(size), flags);
+        if (g.status == ThawRestore::kOk) return g.exec;
+        fmt::print(stderr,
+                   "refengine: --thaw-restore: no restored graph for batch size {} ({}: {}); "
+                   "capturing it\n",
+                   size, ThawRestore::status_name(g.status), g.why);
+        return nullptr;
+      };
+      source.before_capture = [&, label](int size) {
+        if (auto why = graphs_abi->label_graph(label(size)))
+          fmt::print(stderr,
+                     "refengine: --thaw-restore: the graph of batch size {} is not recorded "
+                     "({})\n",
+                     size, *why);
+      };
+    }
+    const auto outcomes =
+        runner_->capture_graphs(sizes, options_.num_warmups, graphs_abi ? &source : nullptr);
+    nlohmann::json per_size = nlohmann::json::array();
+    int restored_graphs = 0;
+    for (const auto& o : outcomes) {
+      per_size.push_back(
+          {{"size", o.size}, {"how", o.restored ? "restored" : "captured"}, {"ms", o.ms}});
+      restored_graphs += o.restored ? 1 : 0;
+    }
     timeline_.mark("graphs_captured", {{"sizes", runner_->graph_sizes()},
+                                       {"restored", restored_graphs},
+                                       {"captured", int(outcomes.size()) - restored_graphs},
+                                       {"per_size", per_size},
                                        {"ms", double(Timeline::now_ns() - t0) / 1e6}});
   }
   const AllocatorStats st = runner_->allocator_stats();

@@ -3,8 +3,8 @@
 // ../../shared/CUDA-NOTES.md): it is the unmodified "third-party engine" that thaw's shim,
 // prewarm slots and graph restore are tested with. It knows nothing about thaw, except with
 // --thaw-restore: then it asks thaw's restore ABI, when the shim provides one, for the KV-cache
-// size an earlier run's profiling pass decided (thaw_restore_client.hpp), as an engine that opts
-// in would.
+// size an earlier run's profiling pass decided and for the decode graphs an earlier run captured
+// (thaw_restore_client.hpp), as an engine that opts in would.
 //
 //   refengine generate --model DIR --tokens 1,2,3 [--prompt TEXT] [--max-tokens N] [--json]
 //   refengine serve    --model DIR [--port 8000]
@@ -119,9 +119,11 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"library", "module"}))
         ->capture_default_str();
     c->add_flag("--thaw-restore", eo.thaw_restore,
-                "size the KV cache from thaw's record of an earlier run instead of profiling "
-                "(thaw's restore ABI, under LD_PRELOAD=libthaw-preload.so); profiles as usual, "
-                "and records the result for the next run, where there is no valid record");
+                "size the KV cache from thaw's record of an earlier run instead of profiling, and "
+                "take each decode CUDA graph thaw restores instead of warming up and capturing it "
+                "(thaw's restore ABI, under LD_PRELOAD=libthaw-preload.so); profiles and captures "
+                "as usual, and records the results for the next run, where there is no valid "
+                "record");
     c->add_option("--timeline", timeline_path, "write the phase timeline here instead of stderr");
     c->add_option("--pp-rank", eo.pipeline.rank, "this process's pipeline stage")
         ->capture_default_str();

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -340,16 +341,34 @@ StepResult ModelRunner::execute(const StepBatch& b, const float* hidden_in,
   return result;
 }
 
-void ModelRunner::capture_graphs(std::vector<int> sizes, int warmups) {
+std::vector<ModelRunner::GraphOutcome> ModelRunner::capture_graphs(std::vector<int> sizes,
+                                                                   int warmups,
+                                                                   const GraphSource* source) {
+  constexpr unsigned long long kFlags = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
   std::sort(sizes.rbegin(), sizes.rend());  // largest first, as vLLM does
+  std::vector<GraphOutcome> outcomes;
   for (int size : sizes) {
     if (size > limits_.max_num_seqs || size > limits_.max_num_batched_tokens) continue;
+    if (graphs_.contains(size)) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto since = [&] {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+          .count();
+    };
+    if (source != nullptr && source->restored) {
+      if (CUgraphExec exec = source->restored(size, kFlags)) {
+        graphs_.emplace(size, exec);
+        outcomes.push_back({size, true, since()});
+        continue;
+      }
+    }
     StepBatch b = dummy_batch(size, size);
     std::vector<float> hidden(stage_.first_stage ? 0 : std::size_t(size) * config_.n_embd, 0.0f);
     std::vector<float> out;
     for (int i = 0; i < warmups; ++i) execute(b, hidden.empty() ? nullptr : hidden.data(), &out);
     upload(b, hidden.empty() ? nullptr : hidden.data());
     d_.check(d_.stream_synchronize(compute_), "cuStreamSynchronize(before capture)");
+    if (source != nullptr && source->before_capture) source->before_capture(size);
     d_.check(d_.stream_begin_capture(compute_, CU_STREAM_CAPTURE_MODE_GLOBAL),
              "cuStreamBeginCapture");
     CUgraph graph = nullptr;
@@ -362,12 +381,13 @@ void ModelRunner::capture_graphs(std::vector<int> sizes, int warmups) {
     }
     d_.check(d_.stream_end_capture(compute_, &graph), "cuStreamEndCapture");
     CUgraphExec exec = nullptr;
-    const CUresult r =
-        d_.graph_instantiate(&exec, graph, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    const CUresult r = d_.graph_instantiate(&exec, graph, kFlags);
     (void)d_.graph_destroy(graph);  // the executable graph is all that is kept
     d_.check(r, fmt::format("cuGraphInstantiateWithFlags(batch size {})", size));
     graphs_.emplace(size, exec);
+    outcomes.push_back({size, false, since()});
   }
+  return outcomes;
 }
 
 std::vector<int> ModelRunner::graph_sizes() const {

@@ -59,9 +59,24 @@ class ModelRunner {
   // Bytes of one KV block: all of the stage's layers, K and V (what profile() reports too).
   std::uint64_t kv_block_bytes() const;
   void init_kv_cache(int num_blocks);
+  // Where a batch size's graph may come from besides a capture (--thaw-restore: thaw's restore
+  // ABI), and what to say before one is captured.
+  struct GraphSource {
+    // An executable graph for `size`, instantiated with `flags`, or nullptr: capture it.
+    std::function<CUgraphExec(int size, unsigned long long flags)> restored;
+    // Called after the warm-ups, right before the capture begins.
+    std::function<void(int size)> before_capture;
+  };
+  struct GraphOutcome {
+    int size = 0;
+    bool restored = false;
+    double ms = 0;  // warm-ups and capture, or the restore
+  };
   // Captures one graph per batch size (largest first), each after `warmups` eager runs,
-  // in global capture mode; instantiates it and destroys the captured graph at once.
-  void capture_graphs(std::vector<int> sizes, int warmups);
+  // in global capture mode; instantiates it and destroys the captured graph at once. With a
+  // source, a size it restores is neither warmed up nor captured.
+  std::vector<GraphOutcome> capture_graphs(std::vector<int> sizes, int warmups,
+                                           const GraphSource* source = nullptr);
 
   StepResult execute(const StepBatch& batch, const float* hidden_in,
                      std::vector<float>* hidden_out);

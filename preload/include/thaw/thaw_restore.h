@@ -1,4 +1,4 @@
-/* thaw_restore.h — the restore ABI of libthaw-preload.so, version 1.
+/* thaw_restore.h — the restore ABI of libthaw-preload.so, version 2.
  *
  * thaw works under an unmodified engine; some savings need the engine's consent. This ABI is
  * how an engine that opts in skips work whose outcome thaw recorded on an earlier run of the
@@ -18,6 +18,12 @@
  * and the same for thaw_restore_kv_lookup and thaw_restore_kv_record. A newer shim keeps
  * answering version 1's calls as documented here; thaw_restore_abi_version() says the highest
  * version it implements.
+ *
+ * VERSION 2 adds CUDA graphs (MEDUSA §5, Foundry): instead of warming up and capturing a graph,
+ * the engine asks for the one an earlier run captured under the same label — see THE GRAPH
+ * CALLS below. Version 1's calls, codes and structs are unchanged; an engine that needs only
+ * them checks version() >= 1, one that asks for graphs checks version() >= 2 and looks up
+ * thaw_restore_graph_label and thaw_restore_graph.
  *
  * THE KV CALLS. Call thaw_restore_kv_lookup after the model's weights and the engine's
  * persistent buffers are allocated and before the profiling pass, on a thread whose current
@@ -45,6 +51,26 @@
  * What the engine checks: that the record's block_bytes is still its own block size (the
  * model's shape and KV dtype), and anything else it knows thaw cannot see.
  *
+ * THE GRAPH CALLS (version 2). A label is the engine's own name for a graph it captures — e.g.
+ * "decode batch=8" — printable ASCII (0x20-0x7e), 1 to THAW_RESTORE_MAX_KEY_BYTES bytes; thaw
+ * compares it byte for byte. For each graph the engine would capture:
+ *   1. thaw_restore_graph(label, flags, &exec, ...): THAW_RESTORE_OK gives an instantiated
+ *      CUgraphExec (cuGraphInstantiateWithFlags with `flags`) that does what the recorded capture
+ *      did; the engine skips that graph's warm-ups and capture, launches it as its own and
+ *      destroys it with cuGraphExecDestroy. Call it where the engine would begin the capture —
+ *      after its model, buffers and KV cache are allocated and its kernels loaded — on a thread
+ *      whose current context is the device's.
+ *   2. With any other code: thaw_restore_graph_label(label, ...), then warm up and capture as
+ *      usual. The shim records the next capture that begins (on any thread) under that label,
+ *      and stores the run's graphs in thawd at exit, for the next run.
+ * thaw hands out a graph only when every pointer in it means what it meant when it was recorded
+ * (otherwise the code says why, and the engine captures): this run follows the deterministic
+ * device layout the graph was recorded in (the same allocation sequence so far), it has made
+ * exactly as many allocations as when the graph's capture began, each kernel's module image (by
+ * SHA-256) was loaded by this run, and every device address in the graph lies in an allocation
+ * live now. What thaw cannot see the engine must put into the label: anything that changes what
+ * it would capture without changing its allocations (e.g. a kernel chosen at run time).
+ *
  * RETURN CODES. Every call returns one of the THAW_RESTORE_* codes below; `why` (when not
  * NULL and why_size > 0) receives a one-line, NUL-terminated, printable explanation of any
  * code other than THAW_RESTORE_OK (truncated to why_size - 1 bytes).
@@ -66,7 +92,7 @@ extern "C" {
 #endif
 
 /* The ABI version this header describes. */
-#define THAW_RESTORE_ABI_VERSION 1u
+#define THAW_RESTORE_ABI_VERSION 2u
 
 /* The longest configuration key, in bytes (without the NUL). */
 #define THAW_RESTORE_MAX_KEY_BYTES 4096u
@@ -74,9 +100,11 @@ extern "C" {
 /* Return codes. */
 /* The call did what it says (lookup: a valid record is in *out). */
 #define THAW_RESTORE_OK 0
-/* lookup: thawd holds no KV record for this engine, model, GPU and driver. */
+/* lookup: thawd holds no KV record for this engine, model, GPU and driver.
+   graph: no graphs record for them, or none labelled so in it. */
 #define THAW_RESTORE_NONE 1
-/* lookup: a record exists, but something it was sized from differs now (why says what). */
+/* lookup: a record exists, but something it was sized from differs now (why says what).
+   graph: this run does not follow the device layout the graphs were recorded in. */
 #define THAW_RESTORE_STALE 2
 /* lookup: the stored record was refused — unreadable, of an unknown version, inconsistent. */
 #define THAW_RESTORE_CORRUPT 3
@@ -89,6 +117,14 @@ extern "C" {
 /* record: no lookup with this key was made in this process before (the lookup is where thaw
    observes the conditions the profiling pass sizes from). */
 #define THAW_RESTORE_NO_LOOKUP 6
+/* graph (version 2): the recorded graph does not fit this run — captured after another number
+   of allocations, a kernel of a module image this run has not loaded, a device address outside
+   the allocations live now, a node a restore cannot rebuild, or the driver refused to build or
+   instantiate it. */
+#define THAW_RESTORE_MISMATCH 7
+
+/* CUgraphExec of cuda.h, declared here without it. */
+struct CUgraphExec_st;
 
 /* A KV-cache size. Set struct_size to sizeof(thaw_restore_kv) before every call: it tells a
    later shim which version of the struct the caller has. */
@@ -119,6 +155,20 @@ int thaw_restore_kv_lookup(const char* config_key, thaw_restore_kv* out, char* w
    stored record (a stale or corrupt one included). THAW_RESTORE_OK: stored in thawd. */
 int thaw_restore_kv_record(const char* config_key, const thaw_restore_kv* kv, char* why,
                            size_t why_size);
+
+/* Version 2. The graph recorded under `label` on an earlier run, rebuilt and instantiated with
+   cuGraphInstantiateWithFlags(`flags`) in the calling thread's current context.
+   THAW_RESTORE_OK: *exec holds it (the caller's, as if it had instantiated it).
+   THAW_RESTORE_NONE, _STALE, _CORRUPT, _MISMATCH, _UNAVAILABLE: capture as usual (after
+   thaw_restore_graph_label); *exec is untouched. */
+int thaw_restore_graph(const char* label, unsigned long long flags, struct CUgraphExec_st** exec,
+                       char* why, size_t why_size);
+
+/* Version 2. The next stream capture to begin, on any thread, is recorded under `label` (a
+   later call before it begins replaces the label). THAW_RESTORE_OK: noted;
+   THAW_RESTORE_UNAVAILABLE: this run's graphs are not recorded (no deterministic layout, the
+   shim disabled, no driver yet). */
+int thaw_restore_graph_label(const char* label, char* why, size_t why_size);
 
 #ifdef __cplusplus
 }

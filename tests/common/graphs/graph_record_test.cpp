@@ -54,6 +54,7 @@ GraphRecord rich() {
   RecordedGraph g;
   g.index = 0;
   g.allocation_index = 52;
+  g.label = "decode batch=8 ~{}[]\"\\";
   g.nodes.push_back(kernel_node(kDigestA, "_Z6gemm_kPKfS0_Pfiii", {{0, 8}, {8, 8}, {16, 4}}, 20));
   g.nodes.push_back({NodeType::memset, std::nullopt,
                      MemsetNode{0x7f00'0000'1000'0000, 4096, 0xdeadbeef, 4, 1024, 16},
@@ -126,7 +127,7 @@ TEST(GraphRecord, TextFormIsTheDocumentedOne) {
   r.graphs.push_back(g);
   const std::string a64(64, 'a');
   EXPECT_EQ(graph_record_to_json(r),
-            R"({"version":1,"identity":{"engine":"e","model":"m","gpu":"g","driver":"12040"},)"
+            R"({"version":2,"identity":{"engine":"e","model":"m","gpu":"g","driver":"12040"},)"
             R"("modules":[{"digest":")" +
                 a64 +
                 R"(","bytes":10,"kind":"cubin"}],"graphs":[{"index":0,"allocation_index":7,)"
@@ -135,7 +136,7 @@ TEST(GraphRecord, TextFormIsTheDocumentedOne) {
                 R"(","name":"k","grid":[128,4,2],"block":[256,1,1],"shared_bytes":49152,)"
                 R"("params":[[0,2]],"param_bytes":"052a","cooperative":1,"priority":3}},)"
                 R"({"type":"memset","memset":{"dst":16,"pitch":0,"value":255,"element_size":1,)"
-                R"("width":8,"height":1}}],"edges":[[0,1]]}]})");
+                R"("width":8,"height":1}}],"edges":[[0,1]],"label":""}]})");
 }
 
 TEST(GraphRecord, NamesOfEnums) {
@@ -153,8 +154,11 @@ TEST(GraphRecord, TheExampleOfTheHeader) {
   json node = doc["graphs"][0]["nodes"][0];
   node["kernel"]["params"] = json::array({{0, 8}, {8, 32}, {40, 8}});
   node["kernel"]["param_bytes"] = std::string(88, '0');
-  json graph = {
-      {"index", 9}, {"allocation_index", 0}, {"nodes", json::array()}, {"edges", json::array()}};
+  json graph = {{"index", 9},
+                {"allocation_index", 0},
+                {"nodes", json::array()},
+                {"edges", json::array()},
+                {"label", ""}};
   for (int i = 0; i < 17; ++i) graph["nodes"].push_back({{"type", "empty"}});
   graph["nodes"].push_back(node);
   doc["graphs"].push_back(graph);
@@ -190,18 +194,21 @@ TEST(GraphRecordRefuses, NestingDeeperThanTheFormat) {
 
 TEST(GraphRecordRefuses, DuplicateKeys) {
   std::string text = graph_record_to_json(rich());
-  text.insert(1, R"("version":1,)");
+  text.insert(1, R"("version":2,)");
   GraphRecord out;
   EXPECT_EQ(parse_graph_record(text, out), "record: field \"version\" appears twice in one object");
 }
 
 TEST(GraphRecordRefuses, OtherVersions) {
-  EXPECT_EQ(refused([](json& d) { d["version"] = 2; }),
-            "version: is 2, not 1 (the version this build reads)");
-  EXPECT_EQ(refused([](json& d) { d["version"] = "1"; }),
-            "version: is a string, not 1 (the version this build reads)");
-  EXPECT_EQ(refused([](json& d) { d["version"] = 1.0; }),
-            "version: is a number with a fraction or an exponent, not 1 (the version this build "
+  // Version 1 had no graph labels: its records are refused, as any other version's.
+  EXPECT_EQ(refused([](json& d) { d["version"] = 1; }),
+            "version: is 1, not 2 (the version this build reads)");
+  EXPECT_EQ(refused([](json& d) { d["version"] = 3; }),
+            "version: is 3, not 2 (the version this build reads)");
+  EXPECT_EQ(refused([](json& d) { d["version"] = "2"; }),
+            "version: is a string, not 2 (the version this build reads)");
+  EXPECT_EQ(refused([](json& d) { d["version"] = 2.0; }),
+            "version: is a number with a fraction or an exponent, not 2 (the version this build "
             "reads)");
   EXPECT_EQ(refused([](json& d) { d.erase("version"); }), "record: no field \"version\"");
 }
@@ -441,6 +448,28 @@ TEST(GraphRecordRefuses, GraphsOutOfCaptureOrder) {
             "graphs[2].index: is 3, not after graphs[1].index 3 (capture order)");
   EXPECT_EQ(refused([](json& d) { d["graphs"][1]["index"] = 0; }),
             "graphs[1].index: is 0, not after graphs[0].index 0 (capture order)");
+}
+
+TEST(GraphRecordRefuses, LabelsThatAreNotPrintableAsciiOrTooLong) {
+  EXPECT_EQ(refused([](json& d) { d["graphs"][0].erase("label"); }),
+            "graphs[0]: no field \"label\"");
+  EXPECT_EQ(refused([](json& d) { d["graphs"][1]["label"] = 8; }),
+            "graphs[1].label: is 8, not a string");
+  EXPECT_EQ(refused([](json& d) { d["graphs"][1]["label"] = "bs\n8"; }),
+            "graphs[1].label: byte 2 is 0x0a, not printable ASCII");
+  EXPECT_EQ(refused([](json& d) { d["graphs"][1]["label"] = "b\u00e9"; }),
+            "graphs[1].label: byte 1 is 0xc3, not printable ASCII");
+  EXPECT_EQ(
+      refused([](json& d) { d["graphs"][1]["label"] = std::string(kMaxLabelBytes + 1, 'x'); }),
+      "graphs[1].label: is 4097 bytes long, over the limit of 4096");
+  EXPECT_EQ(refused([](json& d) { d["graphs"][1]["label"] = std::string(kMaxLabelBytes, '~'); }),
+            "");
+  // One label on several graphs is allowed (a restore takes the last).
+  EXPECT_EQ(refused([](json& d) {
+              d["graphs"][1]["label"] = "same";
+              d["graphs"][2]["label"] = "same";
+            }),
+            "");
 }
 
 TEST(GraphRecordRefuses, CountsOverTheLimits) {

@@ -31,6 +31,10 @@ static_assert(ThawRestore::kCorrupt == THAW_RESTORE_CORRUPT);
 static_assert(ThawRestore::kUnavailable == THAW_RESTORE_UNAVAILABLE);
 static_assert(ThawRestore::kInvalidArgument == THAW_RESTORE_INVALID_ARGUMENT);
 static_assert(ThawRestore::kNoLookup == THAW_RESTORE_NO_LOOKUP);
+static_assert(ThawRestore::kMismatch == THAW_RESTORE_MISMATCH);
+// Version 2's graph calls: the header's CUgraphExec_st is cuda.h's.
+static_assert(std::is_same_v<ThawRestore::GraphFn, decltype(&thaw_restore_graph)>);
+static_assert(std::is_same_v<ThawRestore::GraphLabelFn, decltype(&thaw_restore_graph_label)>);
 // The function types, with the engine's struct in place of the header's.
 static_assert(std::is_same_v<ThawRestore::VersionFn, decltype(&thaw_restore_abi_version)>);
 static_assert(std::is_same_v<ThawRestore::LookupFn,

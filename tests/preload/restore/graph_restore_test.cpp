@@ -1,0 +1,318 @@
+// GraphRestore (preload/restore/graph_restore.hpp) with a fake driver and a fake layout: what a
+// valid record rebuilds, and each refusal with its code and reason.
+#include "preload/restore/graph_restore.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace {
+
+using namespace thaw::preload::restore;
+using namespace thaw::graphs;
+
+const std::string kDigest(64, 'a');
+constexpr std::uint64_t kBase = 0x2000'0000'0000;
+
+template <typename H>
+H handle(std::uintptr_t v) {
+  return reinterpret_cast<H>(v);
+}
+
+// Records what is built; kernels named "missing" are not in any image.
+class FakeDriver : public GraphBuildDriver {
+ public:
+  CUresult current_context(CUcontext& out) override {
+    out = handle<CUcontext>(0xc0);
+    return CUDA_SUCCESS;
+  }
+  CUresult module_function(CUmodule, const char* name, CUfunction& out) override {
+    return find(name, out);
+  }
+  CUresult library_function(CUlibrary, const char* name, CUfunction& out) override {
+    return find(name, out);
+  }
+  CUresult graph_create(CUgraph& out) override {
+    out = handle<CUgraph>(0x9);
+    ++created;
+    return CUDA_SUCCESS;
+  }
+  CUresult graph_destroy(CUgraph) override {
+    ++destroyed;
+    return CUDA_SUCCESS;
+  }
+  CUresult add_kernel_node(CUgraph, const CUDA_KERNEL_NODE_PARAMS& p, CUgraphNode& out) override {
+    std::vector<std::uint64_t> values;
+    for (std::size_t i = 0; i < 2; ++i) {
+      std::uint64_t v = 0;
+      std::memcpy(&v, p.kernelParams[i], sizeof v);
+      values.push_back(v);
+    }
+    kernel_params.push_back(values);
+    grids.push_back(p.gridDimX);
+    return add(out);
+  }
+  CUresult set_kernel_attribute(CUgraphNode, CUkernelNodeAttrID,
+                                const CUkernelNodeAttrValue&) override {
+    return CUDA_SUCCESS;
+  }
+  CUresult add_memset_node(CUgraph, const CUDA_MEMSET_NODE_PARAMS&, CUcontext,
+                           CUgraphNode& out) override {
+    return add(out);
+  }
+  CUresult add_memcpy_node(CUgraph, const CUDA_MEMCPY3D&, CUcontext, CUgraphNode& out) override {
+    return add(out);
+  }
+  CUresult add_empty_node(CUgraph, CUgraphNode& out) override { return add(out); }
+  CUresult add_dependency(CUgraph, CUgraphNode from, CUgraphNode to) override {
+    edges.emplace_back(reinterpret_cast<std::uintptr_t>(from) - 1,
+                       reinterpret_cast<std::uintptr_t>(to) - 1);
+    return CUDA_SUCCESS;
+  }
+  CUresult instantiate(CUgraph, unsigned long long flags, CUgraphExec& out) override {
+    instantiated_flags = flags;
+    out = handle<CUgraphExec>(0xe);
+    return instantiate_result;
+  }
+
+  int created = 0, destroyed = 0;
+  std::size_t nodes = 0;
+  std::vector<std::vector<std::uint64_t>> kernel_params;
+  std::vector<unsigned> grids;
+  std::vector<std::pair<std::size_t, std::size_t>> edges;
+  unsigned long long instantiated_flags = 0;
+  CUresult instantiate_result = CUDA_SUCCESS;
+
+ private:
+  CUresult find(const char* name, CUfunction& out) {
+    if (std::string(name) == "missing") return CUDA_ERROR_NOT_FOUND;
+    out = handle<CUfunction>(0xf);
+    return CUDA_SUCCESS;
+  }
+  CUresult add(CUgraphNode& out) {
+    out = handle<CUgraphNode>(++nodes);  // node i is handle i + 1
+    return CUDA_SUCCESS;
+  }
+};
+
+RecordedNode kernel(const std::string& name, std::uint64_t pointer, std::uint32_t scalar) {
+  KernelNode k;
+  k.kernel = {kDigest, name};
+  k.grid = {7, 1, 1};
+  k.params = {{0, 8}, {8, 4}};
+  k.param_bytes.resize(12);
+  std::memcpy(k.param_bytes.data(), &pointer, 8);
+  std::memcpy(k.param_bytes.data() + 8, &scalar, 4);
+  return {NodeType::kernel, k, std::nullopt, std::nullopt};
+}
+
+GraphRecord record() {
+  GraphRecord r;
+  r.identity = {"engine", "model", "gpu", "12080"};
+  r.modules = {{kDigest, 100, ImageKind::cubin}};
+  RecordedGraph g;
+  g.index = 0;
+  g.allocation_index = 5;
+  g.label = "decode batch=1";
+  g.nodes.push_back(kernel("layernorm", kBase + 0x100, 768));
+  g.nodes.push_back(
+      {NodeType::memset, std::nullopt, MemsetNode{kBase + 0x1000, 0, 0, 4, 16, 1}, std::nullopt});
+  g.nodes.push_back(kernel("matmul", kBase + 0x200, 3));
+  g.edges = {{0, 1}, {1, 2}};
+  r.graphs.push_back(g);
+  return r;
+}
+
+struct Fixture {
+  std::optional<std::string> text = graph_record_to_json(record());
+  std::optional<std::string> not_following;
+  std::uint64_t allocations = 5;
+  int fetches = 0;
+
+  GraphRestoreEnvironment env() {
+    GraphRestoreEnvironment e;
+    e.identity = [] { return GraphIdentity{"engine", "model", "gpu", "12080"}; };
+    e.not_following = [this] { return not_following; };
+    e.allocations = [this] { return allocations; };
+    // One live allocation: the first 1 MiB of the region; the region is 1 GiB.
+    e.in_region = [](std::uint64_t a) { return a >= kBase && a < kBase + (1ull << 30); };
+    e.live = [](std::uint64_t a, std::uint64_t n) {
+      return a >= kBase && a + n <= kBase + (1u << 20);
+    };
+    e.fetch = [this](const GraphIdentity&) {
+      ++fetches;
+      return text;
+    };
+    return e;
+  }
+};
+
+TEST(GraphRestore, RebuildsTheRecordedGraphAndInstantiatesIt) {
+  Fixture f;
+  GraphRestore restore(f.env());
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", 1);
+  ASSERT_EQ(r.status, GraphStatus::ok) << r.why;
+  EXPECT_EQ(r.exec, handle<CUgraphExec>(0xe));
+  EXPECT_EQ(r.nodes, 3u);
+  EXPECT_EQ(r.edges, 2u);
+  EXPECT_EQ(d.nodes, 3u);
+  EXPECT_EQ(d.edges, (std::vector<std::pair<std::size_t, std::size_t>>{{0, 1}, {1, 2}}));
+  EXPECT_EQ(d.kernel_params[0], (std::vector<std::uint64_t>{kBase + 0x100, 768 | 0ull}));
+  EXPECT_EQ(d.grids, (std::vector<unsigned>{7, 7}));
+  EXPECT_EQ(d.instantiated_flags, 1u);
+  EXPECT_EQ(d.created, 1);
+  EXPECT_EQ(d.destroyed, 1) << "the CUgraph goes once instantiated";
+  // The record is fetched once; the restored graph is kept for the record stored at exit.
+  (void)restore.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(f.fetches, 1);
+  ASSERT_EQ(restore.restored_graphs().size(), 1u);
+  EXPECT_EQ(restore.restored_modules().size(), 1u);
+}
+
+TEST(GraphRestore, NoRecordOrNoSuchLabelIsNone) {
+  Fixture f;
+  f.text.reset();
+  GraphRestore none(f.env());
+  FakeDriver d;
+  auto r = none.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::none);
+  EXPECT_NE(r.why.find("holds no graphs record"), std::string::npos) << r.why;
+
+  Fixture g;
+  GraphRestore restore(g.env());
+  restore.module_loaded(handle<CUmodule>(0x12), kDigest);
+  r = restore.restore(d, "decode batch=2", 0);
+  EXPECT_EQ(r.status, GraphStatus::none);
+  EXPECT_EQ(r.why, "thawd's graphs record has no graph labelled \"decode batch=2\"");
+  EXPECT_EQ(d.created, 0);
+}
+
+TEST(GraphRestore, ACorruptRecordIsRefused) {
+  Fixture f;
+  f.text = f.text->substr(0, f.text->size() / 2);
+  GraphRestore restore(f.env());
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::corrupt);
+  EXPECT_NE(r.why.find("thawd's graphs record is refused: record: not JSON"), std::string::npos)
+      << r.why;
+}
+
+TEST(GraphRestore, ARecordOfAnotherIdentityIsRefused) {
+  Fixture f;
+  GraphRecord other = record();
+  other.identity.driver = "12040";
+  f.text = graph_record_to_json(other);
+  GraphRestore restore(f.env());
+  FakeDriver d;
+  EXPECT_EQ(restore.restore(d, "decode batch=1", 0).status, GraphStatus::corrupt);
+}
+
+TEST(GraphRestore, ARunThatLeftItsLayoutIsStale) {
+  Fixture f;
+  f.not_following = "the allocation sequence left it";
+  GraphRestore restore(f.env());
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::stale);
+  EXPECT_EQ(r.why, "this run does not follow its layout record: the allocation sequence left it");
+  EXPECT_EQ(d.created, 0);
+}
+
+TEST(GraphRestore, AnotherAllocationIndexIsAMismatch) {
+  Fixture f;
+  f.allocations = 6;
+  GraphRestore restore(f.env());
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::mismatch);
+  EXPECT_EQ(r.why, "the graph was captured after 5 allocations, this run has made 6");
+}
+
+TEST(GraphRestore, AKernelOfAnImageNotLoadedOrNotInItIsAMismatch) {
+  Fixture f;
+  GraphRestore unloaded(f.env());
+  FakeDriver d;
+  auto r = unloaded.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::mismatch);
+  EXPECT_EQ(r.why, "node 0: kernel layernorm is of a module image (sha256 " + kDigest +
+                       ") this run has not loaded");
+
+  GraphRecord missing = record();
+  missing.graphs[0].nodes[2] = kernel("missing", kBase, 1);
+  f.text = graph_record_to_json(missing);
+  GraphRestore restore(f.env());
+  restore.module_loaded(handle<CUmodule>(0x12), kDigest);
+  r = restore.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::mismatch);
+  EXPECT_NE(r.why.find("node 2: kernel missing is not in the loaded module image"),
+            std::string::npos)
+      << r.why;
+  EXPECT_EQ(d.created, 0) << "refused before anything is built";
+}
+
+TEST(GraphRestore, APointerOutsideTheLiveAllocationsIsAMismatch) {
+  Fixture f;
+  GraphRecord outside = record();
+  outside.graphs[0].nodes[2] = kernel("matmul", kBase + (2u << 20), 3);  // in the region, freed
+  f.text = graph_record_to_json(outside);
+  GraphRestore restore(f.env());
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  FakeDriver d;
+  auto r = restore.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::mismatch);
+  EXPECT_EQ(r.why,
+            "node 2 (matmul): parameter 0 is 0x200000200000, in the layout's region but in no "
+            "allocation live now");
+
+  // A memset running past the live allocation.
+  GraphRecord memset = record();
+  memset.graphs[0].nodes[1].memset->width = 1u << 20;
+  f.text = graph_record_to_json(memset);
+  GraphRestore m(f.env());
+  m.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  r = m.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::mismatch);
+  EXPECT_NE(r.why.find("node 1 (memset): 4194304 bytes at 0x200000001000 are not in one live"),
+            std::string::npos)
+      << r.why;
+  // A value outside the region is not a pointer of the layout's: accepted.
+  GraphRecord scalar = record();
+  scalar.graphs[0].nodes[0] = kernel("layernorm", 0xffff'0000'0000'0000, 1);
+  f.text = graph_record_to_json(scalar);
+  GraphRestore s(f.env());
+  s.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  EXPECT_EQ(s.restore(d, "decode batch=1", 0).status, GraphStatus::ok);
+  EXPECT_EQ(d.created, 1);
+}
+
+TEST(GraphRestore, NodesARestoreCannotRebuildAreAMismatch) {
+  Fixture f;
+  GraphRecord host = record();
+  host.graphs[0].nodes.push_back({NodeType::host, std::nullopt, std::nullopt, std::nullopt});
+  f.text = graph_record_to_json(host);
+  GraphRestore restore(f.env());
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::mismatch);
+  EXPECT_EQ(r.why, "node 3 is a host node, which a restore does not rebuild");
+}
+
+TEST(GraphRestore, AGraphTheDriverWillNotInstantiateIsAMismatch) {
+  Fixture f;
+  GraphRestore restore(f.env());
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  FakeDriver d;
+  d.instantiate_result = CUDA_ERROR_INVALID_VALUE;
+  const auto r = restore.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::mismatch);
+  EXPECT_EQ(d.destroyed, 1);
+  EXPECT_TRUE(restore.restored_graphs().empty());
+}
+
+}  // namespace
