@@ -271,8 +271,10 @@ __attribute__((visibility("default"))) int thaw_restore_kv_lookup(const char* co
     out->num_blocks = r.size.num_blocks;
     out->block_bytes = r.size.block_bytes;
     debug("restore: KV record found: {} blocks of {} bytes", r.size.num_blocks, r.size.block_bytes);
+    thaw::preload::counters().kv_restores.fetch_add(1);
   } else {
     debug("restore: no KV record to use ({}): {}", to_string(r.status), r.why);
+    thaw::preload::counters().kv_restore_fallbacks.fetch_add(1);
     if (r.status == KvStatus::corrupt) thaw::preload::notice_once("kv-corrupt", r.why);
   }
   return answer(r.status, r.why, why, why_size);
@@ -330,8 +332,10 @@ __attribute__((visibility("default"))) int thaw_restore_graph(const char* label,
     debug("restore: graph \"{}\" rebuilt from thawd's record: {} nodes, {} edges, {:.3f} ms", label,
           r.nodes, r.edges,
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    thaw::preload::counters().graphs_restored.fetch_add(1);
   } else {
     debug("restore: graph \"{}\" not restored ({}): {}", label, to_string(r.status), r.why);
+    thaw::preload::counters().graph_restore_fallbacks.fetch_add(1);
     if (r.status == GraphStatus::corrupt) thaw::preload::notice_once("graphs-corrupt", r.why);
   }
   return answer(r.status, r.why, why, why_size);

@@ -384,6 +384,11 @@ void ShimRuntime::on_exit() {
   reported.files_streamed = counters_.files_streamed.load();
   reported.reads_waited = counters_.reads_waited.load();
   reported.bytes_streamed = counters_.bytes_streamed.load();
+  reported.graph_records_stored = counters_.graph_records_stored.load();
+  reported.graphs_restored = counters_.graphs_restored.load();
+  reported.graph_restore_fallbacks = counters_.graph_restore_fallbacks.load();
+  reported.kv_restores = counters_.kv_restores.load();
+  reported.kv_restore_fallbacks = counters_.kv_restore_fallbacks.load();
   daemon_report_counters(reported);
 }
 
@@ -441,6 +446,7 @@ void ShimRuntime::store_graphs() {
   }
   const bool stored =
       daemon_report_artifact(proto::ArtifactKind::graphs, artifact_identity(id), text);
+  if (stored) counters_.graph_records_stored.fetch_add(record.graphs.size());
   debug(
       "CUDA graphs: {} captured, {} recorded ({} nodes, {} parameter bytes, {} module images); "
       "record of {} bytes {}; walking them took {:.3f} ms, digesting {} module images of {} "

@@ -24,6 +24,12 @@ struct ShimCounters {
   std::atomic<std::uint64_t> reads_waited{0};        // reads and faults that had to wait
   std::atomic<std::uint64_t> mappings_streamed{0};   // private mappings served by userfaultfd
   std::atomic<std::uint64_t> bytes_streamed{0};      // installed into them
+  // Restores (preload/restore): the engine-assisted ABI's answers, and graph records stored.
+  std::atomic<std::uint64_t> graph_records_stored{0};  // graphs in the record stored at exit
+  std::atomic<std::uint64_t> graphs_restored{0};
+  std::atomic<std::uint64_t> graph_restore_fallbacks{0};  // asked, not restored (live capture)
+  std::atomic<std::uint64_t> kv_restores{0};
+  std::atomic<std::uint64_t> kv_restore_fallbacks{0};  // asked, not restored (profiling pass)
 };
 // The runtime's counters.
 ShimCounters& counters();

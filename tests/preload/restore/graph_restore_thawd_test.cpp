@@ -156,6 +156,14 @@ TEST_F(GraphRestoreWithThawd, SecondRunRestoresEveryGraphWithTheSameTokensAndLog
       << first.shim_log;
   // Nothing captured: the record stays as it was.
   EXPECT_EQ(nlohmann::json::parse(thaw::testing::slurp(stored[0])), doc);
+  // What the shims reported at exit: the first run stored three graphs and fell back three
+  // times (it asked, nothing was recorded yet), the second restored all three.
+  const std::string metrics = thaw::testing::run({"/usr/bin/curl", "-sf", metrics_url()}).output;
+  for (const char* line :
+       {"thaw_engine_graph_records_stored_total 3\n", "thaw_engine_graphs_restored_total 3\n",
+        "thaw_engine_graph_restore_fallbacks_total 3\n"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << metrics;
+  }
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 

@@ -158,6 +158,12 @@ TEST_F(KvRestoreWithThawd, FirstRunRecordsSecondRunRestoresWithTheSameTokensAndL
                                             << linked.all();
   const KvRun linked_again = run("linked2", true, {}, "", REFENGINE_LINKED_BIN);
   expect_restored(linked_again, first);
+  // What the shims reported at exit: two lookups without a usable record, two restores.
+  const std::string metrics = thaw::testing::run({"/usr/bin/curl", "-sf", metrics_url()}).output;
+  for (const char* line :
+       {"thaw_engine_kv_restores_total 2\n", "thaw_engine_kv_restore_fallbacks_total 2\n"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << metrics;
+  }
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
