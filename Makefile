@@ -30,7 +30,7 @@ gpu-kit: deps
 	$(CMAKE) --preset release >/dev/null
 	$(CMAKE) --build --preset release --target gpu-kit
 
-# The Debian packages (issue 23; debian/): thaw, thaw-coordinator, thaw-emulator in
+# The Debian packages (issue 23; debian/): thaw, thaw-coordinator, thaw-emulator, thaw-dev in
 # build/deb/, from a copy of the tree, checked with lintian --pedantic. A release build of
 # the shipped targets on a Debian 12 machine (about 15 min on 2 cores); no tests are run.
 deb: deps

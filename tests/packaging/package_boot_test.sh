@@ -32,8 +32,9 @@ shopt -s nullglob
 thaw_deb=("$debs"/thaw_*.deb)
 emu_deb=("$debs"/thaw-emulator_*.deb)
 coord_deb=("$debs"/thaw-coordinator_*.deb)
-((${#thaw_deb[@]} == 1 && ${#emu_deb[@]} == 1 && ${#coord_deb[@]} == 1)) ||
-  { echo "package_boot_test.sh: no single thaw_*.deb, thaw-emulator_*.deb and thaw-coordinator_*.deb in $debs (make deb)" >&2; exit 2; }
+dev_deb=("$debs"/thaw-dev_*.deb)
+((${#thaw_deb[@]} == 1 && ${#emu_deb[@]} == 1 && ${#coord_deb[@]} == 1 && ${#dev_deb[@]} == 1)) ||
+  { echo "package_boot_test.sh: not exactly one each of thaw_*.deb, thaw-emulator_*.deb, thaw-coordinator_*.deb and thaw-dev_*.deb in $debs (make deb)" >&2; exit 2; }
 REFENGINE=$build/tools/refengine/refengine
 TWINS=$build/tools/refengine/librefengine_kernels_twins.so
 GENMODEL=$build/tools/genmodel/thaw-genmodel
@@ -113,7 +114,7 @@ mkdir -p "$T/in/registry" "$T/in/engine"
 "$GENMODEL" --size custom --layers 2 --embd 128 --heads 4 --vocab 1024 --positions 64 \
   --dtype f16 --out "$T/in/registry/tiny" --quiet >/dev/null ||
   fail "thaw-genmodel makes the test model"
-cp "${thaw_deb[0]}" "${emu_deb[0]}" "${coord_deb[0]}" "$T/in/"
+cp "${thaw_deb[0]}" "${emu_deb[0]}" "${coord_deb[0]}" "${dev_deb[0]}" "$T/in/"
 cp "$REFENGINE" "$TWINS" "$T/in/engine/"
 expect "the packages, a model and the reference engine are copied in" \
   "$B" copy-in "$W" "$T/in" /srv/thaw-test
@@ -122,18 +123,18 @@ snapshot >"$T/before.txt" || fail "listing the root before the install"
 
 # ------------------------------------------------------------------------------ install
 debs_in=(/srv/thaw-test/"$(basename "${thaw_deb[0]}")" /srv/thaw-test/"$(basename "${emu_deb[0]}")"
-  /srv/thaw-test/"$(basename "${coord_deb[0]}")")
-expect "apt install ./thaw_*.deb ./thaw-emulator_*.deb ./thaw-coordinator_*.deb" \
+  /srv/thaw-test/"$(basename "${coord_deb[0]}")" /srv/thaw-test/"$(basename "${dev_deb[0]}")")
+expect "apt install ./thaw_*.deb ./thaw-emulator_*.deb ./thaw-coordinator_*.deb ./thaw-dev_*.deb" \
   inside env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${debs_in[@]}"
 [[ $(inside getent group thaw) == thaw:* ]] || fail "the install creates group thaw (sysusers)"
 ok "group thaw exists"
 for f in /usr/bin/thawd /usr/bin/thawctl /usr/bin/thaw-fetch /usr/lib/x86_64-linux-gnu/libthaw-preload.so \
   /usr/share/dbus-1/system.d/org.thaw.Node1.conf /usr/share/dbus-1/interfaces/org.thaw.Node1.Manager.xml \
   /etc/thaw/thawd.toml /usr/share/man/man8/thawd.8.gz /usr/share/man/man5/thawd.toml.5.gz \
-  /usr/share/bash-completion/completions/thawctl; do
+  /usr/share/bash-completion/completions/thawctl /usr/include/thaw/thaw_restore.h; do
   inside test -e "$f" || fail "the thaw package installs $f"
 done
-ok "programs, preload library (multiarch dir), bus policy, interfaces, conffile, man pages, completion installed"
+ok "programs, preload library (multiarch dir), bus policy, interfaces, conffile, man pages, completion, restore ABI header installed"
 # The units' exposure as systemd itself rates it (the issue's bar: 4.5 at most).
 for unit in thawd.service thaw-coordinator.service; do
   level=$(inside systemd-analyze security --no-pager "$unit" 2>&1 | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
@@ -237,8 +238,8 @@ ok "stop: $released; the device had $((free_on >> 20)) MiB free while thawd ran,
 # What the test itself added goes first (the alice's drop-in and user are theirs to remove).
 inside sh -c 'rm -rf /etc/systemd/system/thawd.service.d && userdel --remove alice 2>/dev/null && rm -f /tmp/*.log /tmp/*.timeline /srv/thaw-test/registry/tiny/thaw-manifest.json' ||
   fail "removing the test's drop-in and user"
-expect "apt purge thaw thaw-emulator thaw-coordinator" \
-  inside env DEBIAN_FRONTEND=noninteractive apt-get purge -y thaw thaw-emulator thaw-coordinator
+expect "apt purge thaw thaw-emulator thaw-coordinator thaw-dev" \
+  inside env DEBIAN_FRONTEND=noninteractive apt-get purge -y thaw thaw-emulator thaw-coordinator thaw-dev
 inside systemctl daemon-reload
 snapshot >"$T/after.txt" || fail "listing the root after the purge"
 if ! diff -u "$T/before.txt" "$T/after.txt" >"$T/diff.txt"; then
