@@ -13,7 +13,11 @@
 #            pass, instantiates it — labelling each capture for thaw; the shim records the graphs
 #            and stores them in thawd at exit ("graphs" artifact)
 #   restore  the second run asks the ABI for each size and gets an instantiated graph rebuilt
-#            from the record: no warm-up, no capture
+#            from the record: no warm-up, no capture. The shim fetches the record in the
+#            background once the run's layout identity is complete, and its worker thread
+#            pre-builds graphs (the last captured first) once their allocation index is reached,
+#            while the engine builds the ones it asks for first: "pre-built in the background"
+#            in restore.shim.log
 #
 # The graph phase is each run's own timeline: graphs_captured's "ms" (every size, warm-ups,
 # captures, instantiation or restores). Printed: both, per size, and live / restore (the

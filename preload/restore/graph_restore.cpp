@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <new>
 #include <set>
 
 namespace thaw::preload::restore {
@@ -52,39 +54,54 @@ bool device_memory(std::uint32_t type) {
 }  // namespace
 
 void GraphRestore::module_loaded(CUmodule module, const std::string& digest) {
-  std::lock_guard lock(mutex_);
-  modules_[digest].push_back(module);
+  {
+    std::lock_guard lock(mutex_);
+    modules_[digest].push_back(module);
+    ++loads_;
+    if (env_.current_context) engine_ctx_ = env_.current_context();
+  }
+  poke();
 }
 
 void GraphRestore::library_loaded(CUlibrary library, const std::string& digest) {
-  std::lock_guard lock(mutex_);
-  libraries_[digest].push_back(library);
+  {
+    std::lock_guard lock(mutex_);
+    libraries_[digest].push_back(library);
+    ++loads_;
+    if (env_.current_context) engine_ctx_ = env_.current_context();
+  }
+  poke();
 }
 
-const GraphRestore::Fetched& GraphRestore::fetch_locked() {
-  if (fetched_) return *fetched_;
+GraphRestore::Fetched GraphRestore::fetch_record(const graphs::GraphIdentity& id) const {
   Fetched f;
-  auto id = env_.identity();
-  if (!id) {
-    // Not remembered: the identity is complete later (the model opened, the layout reserved).
-    unavailable_ = Fetched{GraphStatus::unavailable, id.error(), std::nullopt};
-    return unavailable_;
-  }
-  std::optional<std::string> text = env_.fetch(*id);
+  std::optional<std::string> text = env_.fetch(id);
   if (!text) {
     f.status = GraphStatus::none;
     f.why = "thawd holds no graphs record for this engine, model, GPU and driver";
   } else if (auto record = graphs::graph_record_from_json(*text); !record) {
     f.status = GraphStatus::corrupt;
     f.why = "thawd's graphs record is refused: " + record.error();
-  } else if (record->identity != *id) {
+  } else if (record->identity != id) {
     f.status = GraphStatus::corrupt;
     f.why = "thawd's graphs record is another run's (its identity differs)";
   } else {
     f.status = GraphStatus::ok;
     f.record = std::move(*record);
   }
-  fetched_ = std::move(f);
+  return f;
+}
+
+const GraphRestore::Fetched& GraphRestore::fetch_locked(std::unique_lock<std::mutex>& lock) {
+  changed_.wait(lock, [&] { return !fetching_; });  // the worker's fetch, under way
+  if (fetched_) return *fetched_;
+  auto id = env_.identity();
+  if (!id) {
+    // Not remembered: the identity is complete later (the model opened, the layout reserved).
+    unavailable_ = Fetched{GraphStatus::unavailable, id.error(), std::nullopt};
+    return unavailable_;
+  }
+  fetched_ = fetch_record(*id);
   return *fetched_;
 }
 
@@ -159,43 +176,52 @@ std::optional<std::string> GraphRestore::check_pointers(const RecordedGraph& g) 
   return std::nullopt;
 }
 
-GraphRestoreResult GraphRestore::build_locked(GraphBuildDriver& driver, std::string_view label,
-                                              const RecordedGraph*& which) {
-  const Fetched& fetched = fetch_locked();
-  if (fetched.status != GraphStatus::ok) return refuse(fetched.status, fetched.why);
-  const graphs::GraphRecord& record = *fetched.record;
+std::expected<GraphRestore::Plan, GraphRestoreResult> GraphRestore::plan_locked(
+    GraphBuildDriver& driver, std::string_view label) {
+  if (!fetched_ || fetched_->status != GraphStatus::ok) {
+    return std::unexpected(refuse(GraphStatus::unavailable, "no graphs record fetched"));
+  }
+  const graphs::GraphRecord& record = *fetched_->record;
   const auto found = std::find_if(record.graphs.rbegin(), record.graphs.rend(),
                                   [&](const RecordedGraph& g) { return g.label == label; });
   if (found == record.graphs.rend()) {
-    return refuse(GraphStatus::none,
-                  fmt::format("thawd's graphs record has no graph labelled \"{}\"", label));
+    return std::unexpected(
+        refuse(GraphStatus::none,
+               fmt::format("thawd's graphs record has no graph labelled \"{}\"", label)));
   }
   const RecordedGraph& g = *found;
-  which = &g;
   if (auto why = env_.not_following()) {
-    return refuse(GraphStatus::stale, "this run does not follow its layout record: " + *why);
+    return std::unexpected(
+        refuse(GraphStatus::stale, "this run does not follow its layout record: " + *why));
   }
   if (const std::uint64_t now = env_.allocations(); now != g.allocation_index) {
-    return refuse(GraphStatus::mismatch,
-                  fmt::format("the graph was captured after {} allocations, this run has made {}",
-                              g.allocation_index, now));
+    return std::unexpected(
+        refuse(GraphStatus::mismatch,
+               fmt::format("the graph was captured after {} allocations, this run has made {}",
+                           g.allocation_index, now)));
   }
-  if (auto why = check_pointers(g)) return refuse(GraphStatus::mismatch, *why);
-
+  if (auto why = check_pointers(g)) return std::unexpected(refuse(GraphStatus::mismatch, *why));
   // Every kernel's function, before anything is built.
-  std::vector<CUfunction> functions(g.nodes.size(), nullptr);
+  Plan plan;
+  plan.graph = &g;
+  plan.functions.assign(g.nodes.size(), nullptr);
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     if (!g.nodes[i].kernel) continue;
     const auto& k = g.nodes[i].kernel->kernel;
     auto f = function(driver, k.module_digest, k.name);
-    if (!f) return refuse(GraphStatus::mismatch, fmt::format("node {}: {}", i, f.error()));
-    functions[i] = *f;
+    if (!f) {
+      return std::unexpected(
+          refuse(GraphStatus::mismatch, fmt::format("node {}: {}", i, f.error())));
+    }
+    plan.functions[i] = *f;
   }
-  CUcontext ctx = nullptr;
-  if (CUresult r = driver.current_context(ctx); r != CUDA_SUCCESS || ctx == nullptr) {
-    return refuse(GraphStatus::unavailable, "the calling thread has no current CUDA context");
-  }
+  return plan;
+}
 
+GraphRestoreResult GraphRestore::build_planned(GraphBuildDriver& driver, const Plan& plan,
+                                               CUcontext ctx) {
+  const RecordedGraph& g = *plan.graph;
+  const std::vector<CUfunction>& functions = plan.functions;
   CUgraph graph = nullptr;
   if (CUresult r = driver.graph_create(graph); r != CUDA_SUCCESS) {
     return refuse(GraphStatus::mismatch, "cuGraphCreate failed: " + error(r));
@@ -281,17 +307,9 @@ GraphRestoreResult GraphRestore::build_locked(GraphBuildDriver& driver, std::str
   return out;
 }
 
-GraphRestoreResult GraphRestore::build(GraphBuildDriver& driver, std::string_view label) {
-  std::lock_guard lock(mutex_);
-  const RecordedGraph* which = nullptr;
-  return build_locked(driver, label, which);
-}
-
-GraphRestoreResult GraphRestore::restore(GraphBuildDriver& driver, std::string_view label,
-                                         unsigned long long flags) {
-  std::lock_guard lock(mutex_);
-  const RecordedGraph* which = nullptr;
-  GraphRestoreResult r = build_locked(driver, label, which);
+GraphRestoreResult GraphRestore::instantiate_planned(GraphBuildDriver& driver, const Plan& plan,
+                                                     CUcontext ctx, unsigned long long flags) {
+  GraphRestoreResult r = build_planned(driver, plan, ctx);
   if (r.status != GraphStatus::ok) return r;
   CUgraphExec exec = nullptr;
   const CUresult instantiated = driver.instantiate(r.graph, flags, exec);
@@ -302,8 +320,283 @@ GraphRestoreResult GraphRestore::restore(GraphBuildDriver& driver, std::string_v
                   "cuGraphInstantiateWithFlags refused the rebuilt graph: " + error(instantiated));
   }
   r.exec = exec;
-  restored_labels_.emplace_back(label);
   return r;
+}
+
+GraphRestoreResult GraphRestore::build_locked(GraphBuildDriver& driver, std::string_view label) {
+  auto plan = plan_locked(driver, label);
+  if (!plan) return plan.error();
+  CUcontext ctx = nullptr;
+  if (CUresult r = driver.current_context(ctx); r != CUDA_SUCCESS || ctx == nullptr) {
+    return refuse(GraphStatus::unavailable, "the calling thread has no current CUDA context");
+  }
+  return build_planned(driver, *plan, ctx);
+}
+
+GraphRestoreResult GraphRestore::build(GraphBuildDriver& driver, std::string_view label) {
+  std::unique_lock lock(mutex_);
+  const Fetched& fetched = fetch_locked(lock);
+  if (fetched.status != GraphStatus::ok) return refuse(fetched.status, fetched.why);
+  return build_locked(driver, label);
+}
+
+GraphRestoreResult GraphRestore::restore(GraphBuildDriver& driver, std::string_view label,
+                                         unsigned long long flags) {
+  std::unique_lock lock(mutex_);
+  flags_guess_ = flags;  // the worker instantiates the next ones so
+  asked_.emplace(label);
+  const Fetched& fetched = fetch_locked(lock);
+  if (fetched.status != GraphStatus::ok) return refuse(fetched.status, fetched.why);
+  // A pre-build under way is waited for; one done is checked again, now.
+  changed_.wait(lock, [&] {
+    const auto it = prebuilt_.find(label);
+    return it == prebuilt_.end() || !it->second.building;
+  });
+  std::optional<Prebuilt> ready;
+  if (const auto it = prebuilt_.find(label); it != prebuilt_.end()) {
+    ready = std::move(it->second);
+    prebuilt_.erase(it);
+  }
+  auto plan = plan_locked(driver, label);
+  CUcontext ctx = nullptr;
+  const bool has_ctx = driver.current_context(ctx) == CUDA_SUCCESS && ctx != nullptr;
+  if (ready) {
+    std::string why;
+    if (!plan) {
+      why = plan.error().why;
+    } else if (plan->graph != ready->plan.graph || plan->functions != ready->plan.functions) {
+      why = "its kernels are not the functions they resolve to now";
+    } else if (!has_ctx || ctx != ready->ctx) {
+      why = "it was built in another context than the calling thread's";
+    } else if (flags != ready->flags) {
+      why = fmt::format("it was instantiated with flags {:#x}, the request's are {:#x}",
+                        ready->flags, flags);
+    }
+    if (why.empty()) {
+      restored_labels_.emplace_back(label);
+      GraphRestoreResult r;
+      r.status = GraphStatus::ok;
+      r.exec = ready->exec;
+      r.nodes = plan->graph->nodes.size();
+      r.edges = plan->graph->edges.size();
+      r.prebuilt = true;
+      return r;
+    }
+    (void)driver.exec_destroy(ready->exec);
+    say(fmt::format("restore: graph \"{}\" pre-built in the background discarded: {}", label, why));
+  }
+  if (!plan) return plan.error();
+  if (!has_ctx) {
+    return refuse(GraphStatus::unavailable, "the calling thread has no current CUDA context");
+  }
+  // Built without the lock: the worker pre-builds other graphs meanwhile.
+  lock.unlock();
+  GraphRestoreResult r = instantiate_planned(driver, *plan, ctx, flags);
+  if (r.status == GraphStatus::ok) {
+    lock.lock();
+    restored_labels_.emplace_back(label);
+  }
+  return r;
+}
+
+// --- The worker ---
+
+void GraphRestore::poke() {
+  std::lock_guard w(wake_mutex_);
+  poked_ = true;
+  wake_.notify_one();
+}
+
+void GraphRestore::identity_known() {
+  {
+    std::lock_guard w(wake_mutex_);
+    if (!worker_.joinable() && !stopping_ && env_.worker_driver) {
+      worker_driver_ = env_.worker_driver();
+      if (worker_driver_ != nullptr) worker_ = std::thread([this] { worker_main(); });
+    }
+  }
+  poke();
+}
+
+void GraphRestore::engine_uses_abi() {
+  {
+    std::lock_guard lock(mutex_);
+    if (uses_abi_) return;
+    uses_abi_ = true;
+  }
+  poke();
+}
+
+void GraphRestore::shutdown() {
+  std::thread worker;
+  {
+    std::lock_guard w(wake_mutex_);
+    stopping_ = true;
+    wake_.notify_one();
+    worker = std::move(worker_);
+  }
+  if (worker.joinable()) worker.join();
+  std::vector<std::pair<std::string, CUgraphExec>> unclaimed;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [label, p] : prebuilt_) {
+      if (!p.building && p.exec != nullptr) unclaimed.emplace_back(label, p.exec);
+    }
+    prebuilt_.clear();
+  }
+  for (const auto& [label, exec] : unclaimed) {
+    if (worker_driver_ != nullptr) (void)worker_driver_->exec_destroy(exec);
+    say(
+        fmt::format("restore: graph \"{}\" pre-built in the background, never asked for: "
+                    "destroyed",
+                    label));
+  }
+}
+
+std::vector<std::string> GraphRestore::prebuilt_labels() const {
+  std::lock_guard lock(mutex_);
+  return prebuilt_labels_;
+}
+
+void GraphRestore::worker_main() {
+  auto body = [this] {
+    // Never restricted by a capture of another thread: its calls are no stream operations.
+    (void)worker_driver_->relax_capture_mode();
+    bool ahead = false;
+    while (true) {
+      {
+        std::unique_lock w(wake_mutex_);
+        if (!poked_ && !stopping_) {
+          if (ahead) {
+            wake_.wait_for(w, env_.poll);
+          } else {
+            wake_.wait(w, [&] { return poked_ || stopping_; });
+          }
+        }
+        if (stopping_) return;
+        poked_ = false;
+      }
+      fetch_in_background();
+      ahead = prebuild();
+    }
+  };
+  if (env_.worker_scope) {
+    env_.worker_scope(body);
+  } else {
+    body();
+  }
+}
+
+void GraphRestore::fetch_in_background() {
+  graphs::GraphIdentity id;
+  {
+    std::lock_guard lock(mutex_);
+    if (fetched_ || fetching_) return;
+    auto got = env_.identity();
+    if (!got) return;  // at the next poke
+    id = std::move(*got);
+    fetching_ = true;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Fetched f = fetch_record(id);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const std::string line =
+      f.status == GraphStatus::ok
+          ? fmt::format("restore: graphs record fetched in the background: {} graphs, {:.3f} ms",
+                        f.record->graphs.size(), ms)
+          : fmt::format("restore: graphs record fetched in the background: {} ({})",
+                        to_string(f.status), f.why);
+  {
+    std::lock_guard lock(mutex_);
+    fetched_ = std::move(f);
+    fetching_ = false;
+  }
+  changed_.notify_all();
+  say(line);
+}
+
+bool GraphRestore::prebuild() {
+  GraphBuildDriver& driver = *worker_driver_;
+  bool ahead = false;
+  std::unique_lock lock(mutex_);
+  while (true) {
+    if (!uses_abi_ || engine_ctx_ == nullptr || !fetched_ || fetched_->status != GraphStatus::ok) {
+      return false;  // at the next poke
+    }
+    if (env_.not_following()) return false;  // for good
+    const std::uint64_t now = env_.allocations();
+    const std::vector<RecordedGraph>& graphs = fetched_->record->graphs;
+    // The last captured first (the engine asks in capture order), the last of each label.
+    std::set<std::string_view> seen;
+    const RecordedGraph* next = nullptr;
+    for (auto it = graphs.rbegin(); it != graphs.rend(); ++it) {
+      const RecordedGraph& g = *it;
+      if (g.label.empty() || !seen.insert(g.label).second) continue;
+      if (asked_.contains(g.label) || prebuilt_.contains(g.label)) continue;
+      if (g.allocation_index > now) {
+        ahead = true;
+        continue;
+      }
+      if (g.allocation_index < now) continue;  // passed: never again
+      if (const auto t = tried_.find(g.label);
+          t != tried_.end() && t->second == std::pair{now, loads_}) {
+        continue;
+      }
+      next = &g;
+      break;
+    }
+    if (next == nullptr) return ahead;
+    const std::string label = next->label;
+    // The engine's context, current on this thread: the kernels' functions are looked up in it.
+    if (engine_ctx_ != worker_ctx_) {
+      if (driver.set_current_context(engine_ctx_) != CUDA_SUCCESS) {
+        const std::string line = "restore: nothing pre-built: cuCtxSetCurrent failed on the worker";
+        lock.unlock();
+        say(line);
+        return false;
+      }
+      worker_ctx_ = engine_ctx_;
+    }
+    auto plan = plan_locked(driver, label);
+    if (!plan) {
+      tried_[label] = {now, loads_};
+      const std::string line = fmt::format("restore: graph \"{}\" not pre-built ({}): {}", label,
+                                           to_string(plan.error().status), plan.error().why);
+      lock.unlock();
+      say(line);
+      lock.lock();
+      continue;
+    }
+    const CUcontext ctx = engine_ctx_;
+    const unsigned long long flags = flags_guess_;
+    prebuilt_[label] = Prebuilt{};  // building: a request waits for it
+    lock.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
+    const GraphRestoreResult r = instantiate_planned(driver, *plan, ctx, flags);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    // Said before a request can take it (the log shows it pre-built before it is handed out).
+    say(r.status == GraphStatus::ok
+            ? fmt::format("restore: graph \"{}\" pre-built in the background: {} nodes, {} "
+                          "edges, {:.3f} ms",
+                          label, r.nodes, r.edges, ms)
+            : fmt::format("restore: graph \"{}\" not pre-built: {}", label, r.why));
+    lock.lock();
+    if (r.status == GraphStatus::ok) {
+      Prebuilt& p = prebuilt_[label];
+      p.building = false;
+      p.exec = r.exec;
+      p.plan = std::move(*plan);
+      p.ctx = ctx;
+      p.flags = flags;
+      prebuilt_labels_.push_back(label);
+    } else {
+      prebuilt_.erase(label);
+      tried_[label] = {now, loads_};
+    }
+    changed_.notify_all();
+  }
 }
 
 std::vector<RecordedGraph> GraphRestore::restored_graphs() const {
@@ -339,11 +632,26 @@ std::vector<graphs::RecordedModule> GraphRestore::restored_modules() const {
 }
 
 void GraphRestore::reset_after_fork() {
+  // The forking thread held both locks; the worker is not in the child.
   new (&mutex_) std::mutex();
+  new (&wake_mutex_) std::mutex();
+  new (&changed_) std::condition_variable();
+  new (&wake_) std::condition_variable();
+  new (&worker_) std::thread();  // the parent's thread handle, dropped
+  worker_driver_.reset();
+  poked_ = stopping_ = false;
   modules_.clear();
   libraries_.clear();
   fetched_.reset();
+  fetching_ = false;
   restored_labels_.clear();
+  uses_abi_ = false;
+  engine_ctx_ = worker_ctx_ = nullptr;
+  loads_ = 0;
+  prebuilt_.clear();  // the parent's executable graphs, not the child's
+  asked_.clear();
+  tried_.clear();
+  prebuilt_labels_.clear();
 }
 
 }  // namespace thaw::preload::restore

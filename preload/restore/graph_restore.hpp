@@ -20,11 +20,28 @@
 //     empty).
 // Otherwise the answer is a code and one line saying why, and the engine captures as usual.
 //
-// The record is fetched from thawd once, at the first request (after the engine has loaded
-// its model and its kernels, before its first capture), and parsed by the strict codec.
-// Graphs are built lazily, at each request (cuGraphCreate, a node per recorded node with the
-// kernel parameters pointing into the recorded bytes, the recorded edges,
-// cuGraphInstantiateWithFlags); the CUgraph is destroyed once instantiated.
+// Off the engine's critical path (a worker thread the GraphRestore owns, started by
+// identity_known()):
+//   - the record is fetched from thawd and parsed as soon as the run's identity is complete
+//     (the layout recorder looks its own record up then); a request while that fetch is under
+//     way waits for it, a request before it fetches at once, as before;
+//   - once the engine has shown it uses the ABI (engine_uses_abi: it asked for the ABI's
+//     version), the record is parsed, and a graph's allocation index is reached with every
+//     check above passing, the worker builds and instantiates it in the engine's context (the
+//     last one that loaded a module image; the worker's capture mode is RELAXED, so a GLOBAL
+//     capture on another thread restricts none of its calls), the graphs last captured first:
+//     the engine asks in capture order, so a request of a graph nobody has started builds it on
+//     the engine's thread while the worker builds the later ones — they meet in the middle;
+//   - a request of a graph being pre-built waits for it; a pre-built graph is handed out only
+//     after every check is made again at that moment (layout followed, allocation index equal
+//     now, pointers live now, the same kernel functions, the same context, the same
+//     instantiate flags — the record has none: the worker guesses PyTorch's
+//     AUTO_FREE_ON_LAUNCH until the engine asks with its own); otherwise it is destroyed and
+//     the request goes on as if there had been none (it builds, or refuses saying why);
+//   - what nobody asked for is destroyed at shutdown() (exit), which joins the worker.
+// Without identity_known() (the unit tests that do not call it) everything happens at the
+// request, as before. Graphs are built with the kernel parameters pointing into the recorded
+// bytes and the recorded edges; the CUgraph is destroyed once instantiated.
 //
 // The driver and the run's layout come in through GraphBuildDriver and
 // GraphRestoreEnvironment, so the logic is testable without either.
@@ -32,14 +49,19 @@
 
 #include <cuda.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <expected>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common/graphs/graph_record.hpp"
@@ -80,6 +102,13 @@ class GraphBuildDriver {
   virtual CUresult add_empty_node(CUgraph graph, CUgraphNode& out) = 0;
   virtual CUresult add_dependency(CUgraph graph, CUgraphNode from, CUgraphNode to) = 0;
   virtual CUresult instantiate(CUgraph graph, unsigned long long flags, CUgraphExec& out) = 0;
+  // What the background worker needs besides (the defaults: no background pre-build).
+  virtual CUresult exec_destroy(CUgraphExec) { return CUDA_ERROR_NOT_SUPPORTED; }
+  virtual CUresult set_current_context(CUcontext) {  // cuCtxSetCurrent
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  // cuThreadExchangeStreamCaptureMode(RELAXED) for the calling thread.
+  virtual CUresult relax_capture_mode() { return CUDA_ERROR_NOT_SUPPORTED; }
 };
 
 // The run as the restore needs to see it.
@@ -97,6 +126,18 @@ struct GraphRestoreEnvironment {
   std::function<bool(std::uint64_t address, std::uint64_t bytes)> live;
   // The stored record's text for `identity`, or nullopt (none, or no thawd).
   std::function<std::optional<std::string>(const graphs::GraphIdentity&)> fetch;
+
+  // The background worker's (each optional; without worker_driver nothing is pre-built).
+  // The driver the worker builds with, and destroys unclaimed graphs with at shutdown.
+  std::function<std::unique_ptr<GraphBuildDriver>()> worker_driver;
+  // The calling thread's current context (asked on the thread that loads a module image).
+  std::function<CUcontext()> current_context;
+  // Runs the worker's body (the shim marks the thread as its own around it).
+  std::function<void(const std::function<void()>&)> worker_scope;
+  // A line for the log (what the worker did).
+  std::function<void(const std::string&)> log;
+  // How often the worker looks whether the allocation index a graph waits for is reached.
+  std::chrono::microseconds poll{200};
 };
 
 struct GraphRestoreResult {
@@ -105,12 +146,14 @@ struct GraphRestoreResult {
   CUgraph graph = nullptr;     // with ok from build(): the caller's to destroy
   std::size_t nodes = 0;       // with ok
   std::size_t edges = 0;
-  std::string why;  // with anything else
+  bool prebuilt = false;  // with ok from restore(): built by the worker before the request
+  std::string why;        // with anything else
 };
 
 class GraphRestore {
  public:
   explicit GraphRestore(GraphRestoreEnvironment env) : env_(std::move(env)) {}
+  ~GraphRestore() { shutdown(); }
   GraphRestore(const GraphRestore&) = delete;
   GraphRestore& operator=(const GraphRestore&) = delete;
 
@@ -130,10 +173,23 @@ class GraphRestore {
   // The record's modules the restored graphs name.
   std::vector<graphs::RecordedModule> restored_modules() const;
 
+  // The run's identity is complete (the layout recorder looked its record up): the worker
+  // starts (once, with env.worker_driver) and fetches the record.
+  void identity_known();
+  // The engine called the restore ABI: it may ask for graphs, which the worker may pre-build.
+  void engine_uses_abi();
+  // The worker stops and is joined; the pre-built graphs nobody asked for are destroyed.
+  // Idempotent; the destructor calls it.
+  void shutdown();
+  // The labels the worker has pre-built so far (tests).
+  std::vector<std::string> prebuilt_labels() const;
+
   // In a forked child: nothing fetched, nothing loaded (the parent's handles are not the
-  // child's driver state).
+  // child's driver state), no worker (the thread is not in the child), nothing pre-built.
   void reset_after_fork();
+  // Fork: both locks are held across fork() by the forking thread, this one first.
   std::mutex& fork_mutex() { return mutex_; }
+  std::mutex& worker_fork_mutex() { return wake_mutex_; }
 
  private:
   // The fetched record, or why there is none (under mutex_).
@@ -142,9 +198,38 @@ class GraphRestore {
     std::string why;
     std::optional<graphs::GraphRecord> record;
   };
-  const Fetched& fetch_locked();
-  GraphRestoreResult build_locked(GraphBuildDriver& driver, std::string_view label,
-                                  const graphs::RecordedGraph*& which);
+  // A graph that passed every check, with its kernels' functions.
+  struct Plan {
+    const graphs::RecordedGraph* graph = nullptr;
+    std::vector<CUfunction> functions;
+  };
+  // A graph the worker builds (building) or has built.
+  struct Prebuilt {
+    bool building = true;
+    CUgraphExec exec = nullptr;
+    Plan plan;
+    CUcontext ctx = nullptr;
+    unsigned long long flags = 0;
+  };
+  Fetched fetch_record(const graphs::GraphIdentity& id) const;  // without the lock
+  const Fetched& fetch_locked(std::unique_lock<std::mutex>& lock);
+  // The checks, under mutex_: the graph labelled `label` may be built now, or why not.
+  std::expected<Plan, GraphRestoreResult> plan_locked(GraphBuildDriver& driver,
+                                                      std::string_view label);
+  // Builds a planned graph (without the lock: the record is not changed once fetched).
+  GraphRestoreResult build_planned(GraphBuildDriver& driver, const Plan& plan, CUcontext ctx);
+  GraphRestoreResult build_locked(GraphBuildDriver& driver, std::string_view label);
+  GraphRestoreResult instantiate_planned(GraphBuildDriver& driver, const Plan& plan, CUcontext ctx,
+                                         unsigned long long flags);
+  // The worker.
+  void poke();
+  void worker_main();
+  void fetch_in_background();
+  // Pre-builds what it can; whether an allocation index some graph waits for is still ahead.
+  bool prebuild();
+  void say(const std::string& line) const {
+    if (env_.log) env_.log(line);
+  }
   std::optional<std::string> check_pointers(const graphs::RecordedGraph& g) const;
   // The function `name` of an image with `digest` this run loaded, or why not.
   std::expected<CUfunction, std::string> function(GraphBuildDriver& driver,
@@ -157,8 +242,28 @@ class GraphRestore {
   std::map<std::string, std::vector<CUmodule>> modules_;
   std::map<std::string, std::vector<CUlibrary>> libraries_;
   std::optional<Fetched> fetched_;
-  Fetched unavailable_;  // the last answer while the identity was incomplete
+  bool fetching_ = false;  // the worker fetches the record (without the lock)
+  Fetched unavailable_;    // the last answer while the identity was incomplete
   std::vector<std::string> restored_labels_;
+  // The worker's state, under mutex_.
+  bool uses_abi_ = false;
+  CUcontext engine_ctx_ = nullptr;  // the context of the last module image loaded
+  std::uint64_t loads_ = 0;         // images loaded (a retry's condition)
+  unsigned long long flags_guess_ = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+  std::map<std::string, Prebuilt, std::less<>> prebuilt_;
+  std::set<std::string, std::less<>> asked_;  // labels requested: the worker leaves them
+  // Labels the worker tried and could not build: at (allocations, loads).
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>, std::less<>> tried_;
+  std::vector<std::string> prebuilt_labels_;
+  std::condition_variable changed_;  // with mutex_: a fetch or a pre-build finished
+  // Waking the worker: a leaf lock (nothing is called under it; taken after mutex_).
+  std::mutex wake_mutex_;
+  std::condition_variable wake_;
+  bool poked_ = false, stopping_ = false;  // under wake_mutex_
+  CUcontext worker_ctx_ = nullptr;         // the worker thread's current context (the worker's)
+  std::unique_ptr<GraphBuildDriver> worker_driver_;  // the worker's, then shutdown's
+  std::thread worker_;                               // started and joined under wake_mutex_'s
+                                                     // flags; joined without a lock
 };
 
 }  // namespace thaw::preload::restore

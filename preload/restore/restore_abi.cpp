@@ -178,6 +178,19 @@ class ShimGraphBuildDriver final : public restore::GraphBuildDriver {
   CUresult instantiate(CUgraph graph, unsigned long long flags, CUgraphExec& out) override {
     return instantiate_(&out, graph, flags);
   }
+  CUresult exec_destroy(CUgraphExec exec) override {
+    if (exec_destroy_ == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return exec_destroy_(exec);
+  }
+  CUresult set_current_context(CUcontext ctx) override {
+    if (ctx_set_current_ == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return ctx_set_current_(ctx);
+  }
+  CUresult relax_capture_mode() override {
+    if (exchange_capture_mode_ == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    return exchange_capture_mode_(&mode);
+  }
 
   CUresult (*ctx_get_current_)(CUcontext*) =
       driver_fn<decltype(ctx_get_current_)>("cuCtxGetCurrent");
@@ -206,6 +219,11 @@ class ShimGraphBuildDriver final : public restore::GraphBuildDriver {
       driver_fn<decltype(add_dependencies_)>("cuGraphAddDependencies");
   CUresult (*instantiate_)(CUgraphExec*, CUgraph, unsigned long long) =
       driver_fn<decltype(instantiate_)>("cuGraphInstantiateWithFlags");
+  CUresult (*exec_destroy_)(CUgraphExec) = driver_fn<decltype(exec_destroy_)>("cuGraphExecDestroy");
+  CUresult (*ctx_set_current_)(CUcontext) =
+      driver_fn<decltype(ctx_set_current_)>("cuCtxSetCurrent");
+  CUresult (*exchange_capture_mode_)(CUstreamCaptureMode*) =
+      driver_fn<decltype(exchange_capture_mode_)>("cuThreadExchangeStreamCaptureMode");
 
  private:
   using AddKernel = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
@@ -217,6 +235,15 @@ class ShimGraphBuildDriver final : public restore::GraphBuildDriver {
 };
 
 }  // namespace
+
+std::unique_ptr<restore::GraphBuildDriver> shim_graph_build_driver() {
+  auto d = std::make_unique<ShimGraphBuildDriver>();
+  // The worker also needs to enter the engine's context and to destroy what nobody took.
+  if (!d->complete() || d->ctx_set_current_ == nullptr || d->exec_destroy_ == nullptr) {
+    return nullptr;
+  }
+  return d;
+}
 
 restore::KvRestoreEnvironment shim_kv_environment() {
   restore::KvRestoreEnvironment env;
@@ -249,6 +276,8 @@ using thaw::preload::restore::KvStatus;
 extern "C" {
 
 __attribute__((visibility("default"))) uint32_t thaw_restore_abi_version(void) {
+  // The engine uses the ABI: the graphs it may ask for can be pre-built in the background.
+  if (!config().disabled) runtime().graph_restore().engine_uses_abi();
   return THAW_RESTORE_ABI_VERSION;
 }
 
@@ -326,12 +355,14 @@ __attribute__((visibility("default"))) int thaw_restore_graph(const char* label,
                   why_size);
   }
   const auto t0 = std::chrono::steady_clock::now();
+  runtime().graph_restore().engine_uses_abi();
   const auto r = runtime().graph_restore().restore(driver, label, flags);
   if (r.status == GraphStatus::ok) {
     *exec = r.exec;
-    debug("restore: graph \"{}\" rebuilt from thawd's record: {} nodes, {} edges, {:.3f} ms", label,
-          r.nodes, r.edges,
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    debug("restore: graph \"{}\" rebuilt from thawd's record: {} nodes, {} edges, {:.3f} ms{}",
+          label, r.nodes, r.edges,
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+          r.prebuilt ? " (pre-built in the background)" : "");
     thaw::preload::counters().graphs_restored.fetch_add(1);
   } else {
     debug("restore: graph \"{}\" not restored ({}): {}", label, to_string(r.status), r.why);

@@ -153,6 +153,19 @@ restore::GraphRestoreEnvironment ShimRuntime::graph_restore_environment() {
     return daemon_get_artifact(proto::ArtifactKind::graphs,
                                {id.engine, id.model, id.gpu, id.driver});
   };
+  // The background worker (fetch and pre-build: graph_restore.hpp).
+  env.worker_driver = shim_graph_build_driver;
+  env.current_context = []() -> CUcontext {
+    auto get = reinterpret_cast<CUresult (*)(CUcontext*)>(driver_symbol("cuCtxGetCurrent"));
+    CUcontext ctx = nullptr;
+    if (get == nullptr || get(&ctx) != CUDA_SUCCESS) return nullptr;
+    return ctx;
+  };
+  env.worker_scope = [](const std::function<void()>& body) {
+    ReentryGuard guard;  // every call the worker makes is the shim's own
+    body();
+  };
+  env.log = [](const std::string& line) { debug("{}", line); };
   return env;
 }
 
@@ -272,9 +285,11 @@ LayoutRecorder* ShimRuntime::build_recorder_locked() {
   env.engine = engine_fingerprint();
   env.gpu_name = device_name;
   env.driver_version = driver_version;
-  env.fetch = [](const LayoutIdentity& id) -> std::optional<std::string> {
+  env.fetch = [this](const LayoutIdentity& id) -> std::optional<std::string> {
     auto text = daemon_get_artifact(proto::ArtifactKind::layout, artifact_identity(id));
     if (text) debug("thawd has a layout record for {} on {}: comparing", id.model, id.gpu);
+    // The identity is complete: the graphs record is fetched in the background now.
+    graph_restore_.identity_known();
     return text;
   };
   env.store = [](const LayoutIdentity& id, const std::string& json) {
@@ -363,6 +378,8 @@ GraphRecorder* ShimRuntime::build_graph_recorder_locked() {
 void ShimRuntime::on_exit() {
   if (config_.disabled) return;
   ReentryGuard guard;
+  // The graph restore's worker stops first; what it pre-built and nobody took is destroyed.
+  graph_restore_.shutdown();
   if (LayoutRecorder* r = recorder_.load()) {
     switch (r->finish()) {
       case LayoutRecorder::Outcome::stored:

@@ -16,6 +16,7 @@
 //   managed-file table    leaf
 //   file mappings         leaf
 //   graph recorder        leaf (it calls the driver and says things outside its lock)
+//   graph restore worker  leaf (the lock that wakes the worker; taken under the recorder's)
 //   userfaultfd registry  leaf (its open lock, then its table)
 //   notices               leaf, last: said from under most of the above
 //
@@ -27,6 +28,8 @@
 //                         every field the connection's lock guards (daemon_after_fork_in_child):
 //                         nothing the lock protected survives to be inconsistent.
 //   hook table, driver    atomics only.
+// The graph restore's worker thread is not in the child (reset_after_fork forgets it and what
+// it pre-built); in the parent it waits for the graph restore's lock, held across fork().
 #include "preload/files/streaming_mapping.hpp"
 #include "preload/runtime/shim_runtime.hpp"
 #include "preload/thawd_client/thawd_client.hpp"
@@ -55,6 +58,7 @@ void ShimRuntime::before_fork() {
   files_.fork_mutex().lock();
   file_mappings_.fork_mutex().lock();
   if (GraphRecorder* g = graph_recorder_.load()) g->fork_mutex().lock();
+  graph_restore_.worker_fork_mutex().lock();
   streaming_before_fork();
   notices_before_fork();
 }
@@ -63,6 +67,7 @@ void ShimRuntime::after_fork_in_parent() {
   ReentryGuard guard;
   notices_after_fork_in_parent();
   streaming_after_fork_in_parent();
+  graph_restore_.worker_fork_mutex().unlock();
   if (GraphRecorder* g = graph_recorder_.load()) g->fork_mutex().unlock();
   file_mappings_.fork_mutex().unlock();
   files_.fork_mutex().unlock();
@@ -83,7 +88,7 @@ void ShimRuntime::after_fork_in_child() {
   reinitialise(files_.fork_mutex());
   reinitialise(engine_memory_.fork_mutex());
   kv_restore_.reset_after_fork();     // re-initialises its lock; the parent's lookup is not ours
-  graph_restore_.reset_after_fork();  // likewise; the parent's module handles are not ours
+  graph_restore_.reset_after_fork();  // likewise (both its locks); no worker, no handles
   reinitialise(ipc_.mutex);
   reinitialise(build_mutex_);
   // The child is a run of its own: the recorder starts afresh (keeping the model opened

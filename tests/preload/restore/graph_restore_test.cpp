@@ -1,10 +1,15 @@
 // GraphRestore (preload/restore/graph_restore.hpp) with a fake driver and a fake layout: what a
-// valid record rebuilds, and each refusal with its code and reason.
+// valid record rebuilds, and each refusal with its code and reason; the background worker: the
+// record fetched early, a graph pre-built once its allocation index is reached, checked again
+// when it is handed out, discarded when the run changed in between, destroyed when unasked.
 #include "preload/restore/graph_restore.hpp"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace {
 
@@ -71,8 +76,20 @@ class FakeDriver : public GraphBuildDriver {
   }
   CUresult instantiate(CUgraph, unsigned long long flags, CUgraphExec& out) override {
     instantiated_flags = flags;
-    out = handle<CUgraphExec>(0xe);
+    out = exec_handle;
     return instantiate_result;
+  }
+  CUresult exec_destroy(CUgraphExec exec) override {
+    destroyed_execs.push_back(exec);
+    return CUDA_SUCCESS;
+  }
+  CUresult set_current_context(CUcontext ctx) override {
+    set_context = ctx;
+    return CUDA_SUCCESS;
+  }
+  CUresult relax_capture_mode() override {
+    relaxed = true;
+    return CUDA_SUCCESS;
   }
 
   int created = 0, destroyed = 0;
@@ -82,6 +99,10 @@ class FakeDriver : public GraphBuildDriver {
   std::vector<std::pair<std::size_t, std::size_t>> edges;
   unsigned long long instantiated_flags = 0;
   CUresult instantiate_result = CUDA_SUCCESS;
+  CUgraphExec exec_handle = handle<CUgraphExec>(0xe);
+  std::vector<CUgraphExec> destroyed_execs;
+  CUcontext set_context = nullptr;
+  bool relaxed = false;
 
  private:
   CUresult find(const char* name, CUfunction& out) {
@@ -313,6 +334,211 @@ TEST(GraphRestore, AGraphTheDriverWillNotInstantiateIsAMismatch) {
   EXPECT_EQ(r.status, GraphStatus::mismatch);
   EXPECT_EQ(d.destroyed, 1);
   EXPECT_TRUE(restore.restored_graphs().empty());
+}
+
+// --- The background worker ---
+
+constexpr unsigned long long kAutoFree = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+const CUgraphExec kPrebuilt = handle<CUgraphExec>(0xb0);
+
+// The run as the worker sees it from its own thread: atomics.
+struct Background {
+  std::string text = graph_record_to_json(record());
+  std::atomic<bool> left{false};
+  std::atomic<std::uint64_t> allocations{4};
+  std::atomic<int> fetches{0};
+  FakeDriver* worker = nullptr;  // owned by the GraphRestore
+  std::mutex log_mutex;
+  std::vector<std::string> log;
+
+  GraphRestoreEnvironment env() {
+    GraphRestoreEnvironment e;
+    e.identity = [] { return GraphIdentity{"engine", "model", "gpu", "12080"}; };
+    e.not_following = [this]() -> std::optional<std::string> {
+      if (left) return "the allocation sequence left it";
+      return std::nullopt;
+    };
+    e.allocations = [this] { return allocations.load(); };
+    e.in_region = [](std::uint64_t a) { return a >= kBase && a < kBase + (1ull << 30); };
+    e.live = [](std::uint64_t a, std::uint64_t n) {
+      return a >= kBase && a + n <= kBase + (1u << 20);
+    };
+    e.fetch = [this](const GraphIdentity&) -> std::optional<std::string> {
+      ++fetches;
+      return text;
+    };
+    e.worker_driver = [this]() -> std::unique_ptr<GraphBuildDriver> {
+      auto d = std::make_unique<FakeDriver>();
+      d->exec_handle = kPrebuilt;
+      worker = d.get();
+      return d;
+    };
+    e.current_context = [] { return handle<CUcontext>(0xc0); };
+    e.log = [this](const std::string& line) {
+      std::lock_guard lock(log_mutex);
+      log.push_back(line);
+    };
+    e.poll = std::chrono::microseconds(100);
+    return e;
+  }
+  std::vector<std::string> lines() {
+    std::lock_guard lock(log_mutex);
+    return log;
+  }
+};
+
+template <typename Pred>
+bool eventually(Pred pred) {
+  for (int i = 0; i < 5000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return pred();
+}
+
+// The engine as the ABI sees it: it loads its kernels, asks for the ABI, the identity completes.
+void start(GraphRestore& restore) {
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  restore.engine_uses_abi();
+  restore.identity_known();
+}
+
+TEST(GraphRestoreBackground, TheRecordIsFetchedAsSoonAsTheIdentityIsComplete) {
+  Background b;
+  GraphRestore restore(b.env());
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  restore.identity_known();  // no engine_uses_abi: fetched, nothing pre-built
+  ASSERT_TRUE(eventually([&] { return b.fetches == 1; }));
+  b.allocations = 5;
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", kAutoFree);
+  ASSERT_EQ(r.status, GraphStatus::ok) << r.why;
+  EXPECT_FALSE(r.prebuilt);
+  EXPECT_EQ(b.fetches, 1) << "the request used the record the worker fetched";
+  EXPECT_EQ(d.created, 1);
+  EXPECT_TRUE(restore.prebuilt_labels().empty());
+}
+
+TEST(GraphRestoreBackground, AGraphIsPrebuiltOnceItsIndexIsReachedAndHandedOut) {
+  Background b;
+  GraphRestore restore(b.env());
+  start(restore);
+  ASSERT_TRUE(eventually([&] { return b.fetches == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE(restore.prebuilt_labels().empty()) << "4 allocations: the graph's 5th is ahead";
+  b.allocations = 5;  // reached: the worker sees it at its next look
+  ASSERT_TRUE(eventually([&] { return !restore.prebuilt_labels().empty(); }));
+  EXPECT_EQ(restore.prebuilt_labels(), std::vector<std::string>{"decode batch=1"});
+  EXPECT_TRUE(b.worker->relaxed) << "the worker's capture mode is RELAXED";
+  EXPECT_EQ(b.worker->set_context, handle<CUcontext>(0xc0)) << "in the engine's context";
+  EXPECT_EQ(b.worker->instantiated_flags, kAutoFree);
+
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", kAutoFree);
+  ASSERT_EQ(r.status, GraphStatus::ok) << r.why;
+  EXPECT_TRUE(r.prebuilt);
+  EXPECT_EQ(r.exec, kPrebuilt);
+  EXPECT_EQ(r.nodes, 3u);
+  EXPECT_EQ(r.edges, 2u);
+  EXPECT_EQ(d.created, 0) << "nothing built on the engine's thread";
+  EXPECT_EQ(restore.restored_graphs().size(), 1u);
+  // Handed out: not destroyed at shutdown.
+  restore.shutdown();
+  EXPECT_TRUE(b.worker->destroyed_execs.empty());
+  EXPECT_TRUE(d.destroyed_execs.empty());
+  // A second request builds anew on the caller's thread.
+  const auto again = restore.restore(d, "decode batch=1", kAutoFree);
+  ASSERT_EQ(again.status, GraphStatus::ok) << again.why;
+  EXPECT_FALSE(again.prebuilt);
+  EXPECT_EQ(d.created, 1);
+}
+
+TEST(GraphRestoreBackground, APrebuiltGraphIsCheckedAgainWhenAskedFor) {
+  Background b;
+  b.allocations = 5;
+  GraphRestore restore(b.env());
+  start(restore);
+  ASSERT_TRUE(eventually([&] { return !restore.prebuilt_labels().empty(); }));
+  b.allocations = 6;  // the engine allocated after the pre-build
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", kAutoFree);
+  EXPECT_EQ(r.status, GraphStatus::mismatch);
+  EXPECT_EQ(r.why, "the graph was captured after 5 allocations, this run has made 6");
+  EXPECT_EQ(d.destroyed_execs, std::vector<CUgraphExec>{kPrebuilt}) << "discarded";
+  EXPECT_EQ(d.created, 0);
+  EXPECT_TRUE(restore.restored_graphs().empty());
+}
+
+TEST(GraphRestoreBackground, APrebuiltGraphIsDiscardedWhenTheRunLeftItsLayout) {
+  Background b;
+  b.allocations = 5;
+  GraphRestore restore(b.env());
+  start(restore);
+  ASSERT_TRUE(eventually([&] { return !restore.prebuilt_labels().empty(); }));
+  b.left = true;
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", kAutoFree);
+  EXPECT_EQ(r.status, GraphStatus::stale);
+  EXPECT_EQ(d.destroyed_execs, std::vector<CUgraphExec>{kPrebuilt});
+  bool said = false;
+  for (const auto& line : b.lines()) said |= line.find("discarded") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
+TEST(GraphRestoreBackground, OtherFlagsRebuildOnTheCallersThread) {
+  Background b;
+  b.allocations = 5;
+  GraphRestore restore(b.env());
+  start(restore);
+  ASSERT_TRUE(eventually([&] { return !restore.prebuilt_labels().empty(); }));
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", 0);
+  ASSERT_EQ(r.status, GraphStatus::ok) << r.why;
+  EXPECT_FALSE(r.prebuilt);
+  EXPECT_EQ(r.exec, handle<CUgraphExec>(0xe));
+  EXPECT_EQ(d.instantiated_flags, 0u);
+  EXPECT_EQ(d.destroyed_execs, std::vector<CUgraphExec>{kPrebuilt});
+}
+
+TEST(GraphRestoreBackground, NothingIsPrebuiltForAGraphThatDoesNotPassItsChecks) {
+  Background b;
+  b.allocations = 5;
+  GraphRecord bad = record();
+  bad.graphs[0].nodes[0] = kernel("layernorm", kBase + (2u << 20), 768);  // not live
+  b.text = graph_record_to_json(bad);
+  GraphRestore restore(b.env());
+  start(restore);
+  ASSERT_TRUE(eventually([&] { return b.fetches == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE(restore.prebuilt_labels().empty());
+  EXPECT_EQ(b.worker->created, 0);
+}
+
+TEST(GraphRestoreBackground, AnUnaskedGraphIsDestroyedAtShutdown) {
+  Background b;
+  b.allocations = 5;
+  GraphRestore restore(b.env());
+  start(restore);
+  ASSERT_TRUE(eventually([&] { return !restore.prebuilt_labels().empty(); }));
+  restore.shutdown();
+  EXPECT_EQ(b.worker->destroyed_execs, std::vector<CUgraphExec>{kPrebuilt});
+  restore.shutdown();  // idempotent
+  EXPECT_EQ(b.worker->destroyed_execs.size(), 1u);
+}
+
+TEST(GraphRestoreBackground, WithoutAWorkerDriverEverythingHappensAtTheRequest) {
+  Background b;
+  b.allocations = 5;
+  GraphRestoreEnvironment e = b.env();
+  e.worker_driver = nullptr;
+  GraphRestore restore(std::move(e));
+  start(restore);
+  EXPECT_EQ(b.fetches, 0);
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", kAutoFree);
+  ASSERT_EQ(r.status, GraphStatus::ok) << r.why;
+  EXPECT_FALSE(r.prebuilt);
+  EXPECT_EQ(b.fetches, 1);
 }
 
 }  // namespace

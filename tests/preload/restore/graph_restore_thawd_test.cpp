@@ -61,13 +61,14 @@ class GraphRestoreWithThawd : public ThawdFixture {
   fs::path logits_path() const { return dir_.path() / "logits.json"; }
 
   GraphRun run(const std::string& tag, bool shim = true, const std::vector<std::string>& extra = {},
-               bool restore = true) {
+               bool restore = true, const std::string& env_extra = {}) {
     const fs::path shim_log = dir_.path() / (tag + ".shim.log");
     std::string env;
     if (shim) {
       env = "LD_PRELOAD=" THAW_PRELOAD_LIB " THAW_SOCKET=" + socket_path().string() +
             " THAW_PRELOAD_LOG=" + shim_log.string() + " THAW_PRELOAD_LEASE=0";
     }
+    if (!env_extra.empty()) env += (env.empty() ? "" : " ") + env_extra;
     std::vector<std::string> args = {"--cuda-graph-sizes", "1,2,4", "--logits-out",
                                      logits_path().string()};
     if (restore) args.push_back("--thaw-restore");
@@ -220,6 +221,47 @@ TEST_F(GraphRestoreWithThawd, FallbacksCaptureLiveWithTheSameTokens) {
             std::string::npos)
       << other.engine.err;
   EXPECT_EQ(other.tokens(), live.tokens());
+}
+
+TEST_F(GraphRestoreWithThawd, GraphsArePrebuiltInTheBackgroundBeforeTheEngineAsks) {
+  const GraphRun live = run("live", false, {}, false);
+  const GraphRun first = run("first");
+  expect_all(first, "captured");
+  // The emulator's timing model on, instantiation at 200 us a node (18 ms a graph here): the
+  // engine's own build of batch=4 leaves the worker time to pre-build the others.
+  const GraphRun second =
+      run("second", true, {}, true, "THAW_EMU_TIMING=1 THAW_EMU_INSTANTIATE_NODE_US=200");
+  expect_all(second, "restored");
+  expect_same_output(second, live);
+  const std::string& shim = second.shim_log;
+  // The record came in the background, before the engine's first request.
+  const auto fetched = shim.find("restore: graphs record fetched in the background: 3 graphs");
+  const auto first_request = shim.find("restore: graph \"");
+  ASSERT_NE(fetched, std::string::npos) << shim;
+  ASSERT_NE(first_request, std::string::npos) << shim;
+  EXPECT_LT(fetched, first_request) << shim;
+  // The worker builds the last captured first (batch=1), while the engine builds batch=4 itself:
+  // at least one graph is pre-built, then handed out as such when the engine asks for it.
+  const std::regex prebuilt(
+      R"re(restore: graph "([^"]+)" pre-built in the background: \d+ nodes)re");
+  int handed = 0;
+  for (std::sregex_iterator it(shim.begin(), shim.end(), prebuilt), end; it != end; ++it) {
+    const std::string label = (*it)[1];
+    const auto built_at = static_cast<std::size_t>(it->position());
+    const auto handed_at =
+        shim.find("restore: graph \"" + label + "\" rebuilt from thawd's record");
+    ASSERT_NE(handed_at, std::string::npos) << label << "\n" << shim;
+    EXPECT_LT(built_at, handed_at) << label << "\n" << shim;
+    const auto eol = shim.find('\n', handed_at);
+    EXPECT_NE(shim.substr(handed_at, eol - handed_at).find("(pre-built in the background)"),
+              std::string::npos)
+        << shim;
+    ++handed;
+  }
+  EXPECT_GE(handed, 1) << shim;
+  EXPECT_EQ(shim.find("discarded"), std::string::npos) << shim;
+  EXPECT_EQ(shim.find("never asked for"), std::string::npos) << shim;
+  EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
 }  // namespace
