@@ -609,41 +609,70 @@ std::string read_record(const json& doc, GraphRecord& r) {
 
 #undef THAW_TRY
 
-// Thrown by the parser callback to stop at the first nesting or key problem.
-struct Refused {
-  std::string message;
+// A first pass over the text that builds nothing: it refuses nesting beyond kMaxJsonDepth
+// (before any document is built: a text of 32 MiB of '[' would otherwise become millions of
+// nested arrays) and duplicate keys (which one counts would be up to the parser; a strict
+// reader has no such question). Not nlohmann's parser callback, which does the same checks
+// while building: its end_object walks the whole enclosing container each time, so an array
+// of n objects cost O(n^2) — 65536 nodes took over 5 minutes under ASan, a hostile record
+// far longer.
+class StructureCheck {
+ public:
+  std::string error;
+
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const json::string_t&) { return true; }
+  bool string(json::string_t&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) {
+    if (!open()) return false;
+    keys_.emplace_back();
+    return true;
+  }
+  bool key(json::string_t& name) {
+    if (keys_.back().insert(name).second) return true;
+    error = fmt::format("record: field {} appears twice in one object", for_message(name));
+    return false;
+  }
+  bool end_object() {
+    keys_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) { return open(); }
+  bool end_array() {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const json::exception& e) {
+    error = fmt::format("record: not JSON: {}", e.what());
+    return false;
+  }
+
+ private:
+  bool open() {
+    if (depth_ >= kMaxJsonDepth) {
+      error = fmt::format("record: nested deeper than {} levels", kMaxJsonDepth);
+      return false;
+    }
+    ++depth_;
+    return true;
+  }
+  std::size_t depth_ = 0;
+  std::vector<std::set<std::string, std::less<>>> keys_;  // one set per open object
 };
 
-// The document, refusing nesting beyond kMaxJsonDepth (before building it: a text of 32 MiB of
-// '[' would otherwise become millions of nested arrays) and duplicate keys (which one counts
-// would be up to the parser; a strict reader has no such question).
+// The document, once StructureCheck passed.
 std::string parse_document(std::string_view text, json& doc) {
-  std::vector<std::set<std::string, std::less<>>> keys;  // one set per open object
-  const json::parser_callback_t callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (static_cast<std::size_t>(depth) >= kMaxJsonDepth)
-          throw Refused{fmt::format("record: nested deeper than {} levels", kMaxJsonDepth)};
-        if (event == json::parse_event_t::object_start) keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        keys.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!keys.back().insert(parsed.get<std::string>()).second)
-          throw Refused{fmt::format("record: field {} appears twice in one object",
-                                    for_message(parsed.get<std::string>()))};
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
+  StructureCheck check;
+  if (!json::sax_parse(text.begin(), text.end(), &check)) {
+    return check.error.empty() ? std::string("record: not JSON") : check.error;
+  }
   try {
-    doc = json::parse(text.begin(), text.end(), callback);
-  } catch (const Refused& r) {
-    return r.message;
+    doc = json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
     return fmt::format("record: not JSON: {}", e.what());
   }

@@ -295,7 +295,8 @@ class Mutator {
           v = std::uint64_t{1} << (32 + below(2));
           break;
         default:
-          v = -static_cast<std::int64_t>(n);
+          // Negative (two's complement of n, without the overflow of negating INT64_MIN).
+          v = static_cast<std::int64_t>(std::uint64_t{0} - n);
           break;
       }
       return true;

@@ -47,12 +47,12 @@ class FakeDriver : public GraphBuildDriver {
     return CUDA_SUCCESS;
   }
   CUresult add_kernel_node(CUgraph, const CUDA_KERNEL_NODE_PARAMS& p, CUgraphNode& out) override {
-    std::vector<std::uint64_t> values;
-    for (std::size_t i = 0; i < 2; ++i) {
-      std::uint64_t v = 0;
-      std::memcpy(&v, p.kernelParams[i], sizeof v);
-      values.push_back(v);
-    }
+    // The records below have two parameters: a pointer (8 bytes), then a 4-byte scalar.
+    std::uint64_t pointer = 0;
+    std::uint32_t scalar = 0;
+    std::memcpy(&pointer, p.kernelParams[0], sizeof pointer);
+    std::memcpy(&scalar, p.kernelParams[1], sizeof scalar);
+    const std::vector<std::uint64_t> values{pointer, scalar};
     kernel_params.push_back(values);
     grids.push_back(p.gridDimX);
     return add(out);
