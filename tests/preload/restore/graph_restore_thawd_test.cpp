@@ -199,7 +199,8 @@ TEST_F(GraphRestoreWithThawd, FallbacksCaptureLiveWithTheSameTokens) {
   EXPECT_EQ(more_doc["graphs"][3]["label"], "refengine-decode/1 batch=3 pp=0/1");
   const GraphRun more_again = run("more_again", true, {"--cuda-graph-sizes", "1,2,3,4"});
   ASSERT_EQ(more_again.engine.exit_code, 0) << more_again.all();
-  for (const auto& s : more_again.graphs()["per_size"]) EXPECT_EQ(s["how"], "restored");
+  const nlohmann::json more_again_graphs = more_again.graphs();  // (not a temporary's member)
+  for (const auto& s : more_again_graphs["per_size"]) EXPECT_EQ(s["how"], "restored");
   expect_same_output(more_again, live);
 
   // A corrupt record: refused, every size captured and recorded again.
