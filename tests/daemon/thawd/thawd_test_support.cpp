@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -15,6 +16,18 @@
 namespace thaw::testing {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// In a forked child: SIGTERM when the test process goes, however it goes. A test that aborts
+// (an ASan report, a crash) would otherwise leave thawd or dbus-daemon running with ctest's
+// output pipe open, and ctest would wait for its timeout instead of reporting the failure.
+void die_with_the_test(pid_t parent) {
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) ::_exit(127);  // the test went before the prctl
+}
+
+}  // namespace
 
 NotifySocket::NotifySocket(const fs::path& path) {
   fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -79,8 +92,10 @@ PrivateBus::PrivateBus(const fs::path& dir, BusPolicy policy)
   }
   out << "</busconfig>\n";
   out.close();
+  const pid_t parent = ::getpid();
   pid_ = ::fork();
   if (pid_ == 0) {
+    die_with_the_test(parent);
     ::execl("/usr/bin/dbus-daemon", "dbus-daemon", "--nofork", "--nopidfile",
             ("--config-file=" + conf.string()).c_str(), nullptr);
     ::_exit(127);
@@ -139,8 +154,10 @@ ProgramResult dbus_send(const std::string& address, const std::vector<std::strin
 
 pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
             const fs::path& stderr_path, const fs::path& stdout_path) {
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
+    die_with_the_test(parent);
     for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
     const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(err, 2);
