@@ -39,38 +39,24 @@ while [[ $# -gt 0 ]]; do
     *) echo "usage: $0 [--size medium|small|large] [--warmups N] [--no-build]" >&2; exit 2 ;;
   esac
 done
-BUILD=${BUILD:-$REPO_ROOT/build/default}
-if ((DO_BUILD)); then
-  flock /tmp/thaw-build.lock cmake --build --preset default --target thawd thawctl thaw-fetch \
-    thaw-genmodel thaw-preload refengine thaw_emu refengine_kernels_twins >/dev/null
-fi
-WORK=$REPO_ROOT/build/bench-preload/graph-restore
-mkdir -p "$WORK"
-INNER=$(mktemp "$WORK/inner.XXXXXX.sh")
-trap 'rm -f "$INNER"' EXIT
+# shellcheck source=bench/preload/restore_lib.sh
+source "$REPO_ROOT/bench/preload/restore_lib.sh"
+restore_bench_prepare graph-restore "$DO_BUILD"
 
 # What runs on the node (run-demo.sh gives it THAW_SOCKET, MODEL_DIR, PRELOAD, NODE_WORK and the
 # emulator's environment). The runs' timelines and outputs are kept in $WORK.
 cat >"$INNER" <<'EOS'
 set -euo pipefail
+source "$RESTORE_LIB"
 args=(generate --model "$MODEL_DIR" --tokens 1,2,3,4 --tokens 5,6,7 --max-tokens 3 --ignore-eos
       --json --max-model-len 256 --max-num-seqs 32 --cuda-graph-sizes 1,2,4,8,16,32
       --num-warmups "$GR_WARMUPS" --thaw-restore)
-run() {  # run NAME: one engine run under the shim; its timeline in $NODE_WORK/NAME.timeline
-  env LD_PRELOAD="$PRELOAD" THAW_PRELOAD_LOG="$NODE_WORK/$1.shim.log" "$REFENGINE" "${args[@]}" \
-    --timeline "$NODE_WORK/$1.timeline" >"$NODE_WORK/$1.out" 2>"$NODE_WORK/$1.err" ||
-    { echo "engine run $1 failed: $(tail -3 "$NODE_WORK/$1.err")" >&2; exit 1; }
-}
 graphs() { grep '"event":"graphs_captured"' "$NODE_WORK/$1.timeline" | head -1; }
-run live
-run restore
-for r in live restore; do
-  [[ -s $NODE_WORK/$r.err ]] && sed "s/^/  [$r] /" "$NODE_WORK/$r.err" >&2
-done
+restore_run live
+restore_run restore
+restore_show_errs live restore
 cp "$NODE_WORK"/{live,restore}.{timeline,out,err,shim.log} "$GR_KEEP/" 2>/dev/null || true
-tokens() { grep -o '"tokens":\[[^]]*\]' "$NODE_WORK/$1.out"; }
-[[ -n $(tokens live) && $(tokens live) == "$(tokens restore)" ]] ||
-  { echo "the two runs' tokens differ: $(tokens live) / $(tokens restore)" >&2; exit 1; }
+restore_same_tokens live restore
 python3 - "$(graphs live)" "$(graphs restore)" <<'EOP'
 import json, sys
 live, restore = json.loads(sys.argv[1]), json.loads(sys.argv[2])
@@ -87,6 +73,4 @@ print(f"ratio live / restore:             {live['ms'] / restore['ms']:10.1f} x  
 EOP
 EOS
 
-REFENGINE=$BUILD/tools/refengine/refengine GR_WARMUPS=$WARMUPS GR_KEEP=$WORK \
-  "$REPO_ROOT/tools/demo/run-demo.sh" --build "$BUILD" --work "$WORK" --size "$SIZE" \
-  --with-node "$INNER"
+restore_bench_node GR_WARMUPS=$WARMUPS GR_KEEP=$WORK

@@ -35,44 +35,30 @@ while [[ $# -gt 0 ]]; do
     *) echo "usage: $0 [--size medium|small|large] [--tokens N] [--no-build]" >&2; exit 2 ;;
   esac
 done
-BUILD=${BUILD:-$REPO_ROOT/build/default}
-if ((DO_BUILD)); then
-  flock /tmp/thaw-build.lock cmake --build --preset default --target thawd thawctl thaw-fetch \
-    thaw-genmodel thaw-preload refengine thaw_emu refengine_kernels_twins >/dev/null
-fi
-WORK=$REPO_ROOT/build/bench-preload/kv-restore
-mkdir -p "$WORK"
-INNER=$(mktemp "$WORK/inner.XXXXXX.sh")
-trap 'rm -f "$INNER"' EXIT
+# shellcheck source=bench/preload/restore_lib.sh
+source "$REPO_ROOT/bench/preload/restore_lib.sh"
+restore_bench_prepare kv-restore "$DO_BUILD"
 
 # What runs on the node (run-demo.sh gives it THAW_SOCKET, MODEL_DIR, PRELOAD, NODE_WORK and the
 # emulator's environment). The runs' timelines and outputs are kept in $WORK.
 cat >"$INNER" <<'EOS'
 set -euo pipefail
+source "$RESTORE_LIB"
 args=(generate --model "$MODEL_DIR" --tokens 1,2,3,4 --max-tokens 2 --ignore-eos --json
       --enforce-eager --thaw-restore)
 [[ -n $KV_TOKENS ]] && args+=(--max-num-batched-tokens "$KV_TOKENS")
-run() {  # run NAME: one engine run under the shim; its timeline in $NODE_WORK/NAME.timeline
-  env LD_PRELOAD="$PRELOAD" THAW_PRELOAD_LOG="$NODE_WORK/$1.shim.log" "$REFENGINE" "${args[@]}" \
-    --timeline "$NODE_WORK/$1.timeline" >"$NODE_WORK/$1.out" 2>"$NODE_WORK/$1.err" ||
-    { echo "engine run $1 failed: $(tail -3 "$NODE_WORK/$1.err")" >&2; exit 1; }
-}
 # field EVENT KEY NAME: KEY of the timeline event EVENT of run NAME ("" when absent).
 field() {
   grep "\"event\":\"$1\"" "$NODE_WORK/$3.timeline" | head -1 |
     sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p"
 }
-run profile
-run restore
-for r in profile restore; do
-  [[ -s $NODE_WORK/$r.err ]] && sed "s/^/  [$r] /" "$NODE_WORK/$r.err" >&2
-done
+restore_run profile
+restore_run restore
+restore_show_errs profile restore
 [[ -n $(field profile_done ms profile) ]] || { echo "the first run did not profile" >&2; exit 1; }
 [[ -z $(field profile_done ms restore) ]] || { echo "the second run profiled" >&2; exit 1; }
 [[ -n $(field kv_restored ms restore) ]] || { echo "the second run did not restore" >&2; exit 1; }
-tokens() { grep -o '"tokens":\[[^]]*\]' "$NODE_WORK/$1.out"; }
-[[ -n $(tokens profile) && $(tokens profile) == "$(tokens restore)" ]] ||
-  { echo "the two runs' tokens differ: $(tokens profile) / $(tokens restore)" >&2; exit 1; }
+restore_same_tokens profile restore
 cp "$NODE_WORK"/{profile,restore}.{timeline,out,err} "$KV_KEEP/" 2>/dev/null || true
 [[ $(field kv_cache_ready num_blocks profile) == $(field kv_cache_ready num_blocks restore) ]] ||
   { echo "the two runs' KV blocks differ" >&2; exit 1; }
@@ -92,6 +78,4 @@ awk -v p="$p" -v r="$r" -v pass="$pass" -v blocks="$blocks" -v bytes="$bytes" \
 }'
 EOS
 
-REFENGINE=$BUILD/tools/refengine/refengine KV_TOKENS=$TOKENS KV_KEEP=$WORK \
-  "$REPO_ROOT/tools/demo/run-demo.sh" --build "$BUILD" --work "$WORK" --size "$SIZE" \
-  --with-node "$INNER"
+restore_bench_node KV_TOKENS=$TOKENS KV_KEEP=$WORK
