@@ -65,8 +65,13 @@ std::optional<Allocation> allocate_resources(const AllocationRequest& r,
   };
 
   std::optional<Allocation> chosen;
+  // A group of s > 1 low-memory workers has no worker that can load the rest of the model
+  // and serve alone (§6), so it never consolidates: any scheme with a full-memory worker
+  // that meets the SLOs comes first, then the paper's "minimal GPU sharing".
   const auto preference = [](const Allocation& a) {
-    return std::tuple(a.shared_gpus, a.gpu_memory, a.stages, a.full_memory_workers);
+    const bool cannot_consolidate = a.stages > 1 && a.full_memory_workers == 0;
+    return std::tuple(cannot_consolidate, a.shared_gpus, a.gpu_memory, a.stages,
+                      a.full_memory_workers);
   };
   for (int s = 1; s <= r.max_stages; ++s) {
     const double low_bytes = full_bytes / s;

@@ -9,7 +9,9 @@
 // - low-memory candidates are the servers that fit M/s but not M, merged with the
 //   full-memory-capable servers left over, all ranked by 1/b + 1/p (ties: server order);
 // - "minimal GPU sharing": fewest workers on GPUs already running a worker, then least GPU
-//   memory w·M + (s−w)·M/s, then smaller s, then smaller w;
+//   memory w·M + (s−w)·M/s, then smaller s, then smaller w — but only among schemes that can
+//   consolidate (s = 1 or w ≥ 1) while one meets the SLOs: a group of low-memory workers has
+//   no worker to scale down to (§6), so it is chosen only when nothing else qualifies;
 // - a (s, w) without enough servers is skipped; no server for even one full-memory worker:
 //   nullopt (the caller queues the request).
 #pragma once

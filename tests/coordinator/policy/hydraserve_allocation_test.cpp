@@ -83,6 +83,23 @@ TEST(HydraServeAlg1, PrefersFreeGpusAndSkipsSchemesWithoutEnoughServers) {
   EXPECT_FALSE(one->meets_slo);
 }
 
+TEST(HydraServeAlg1, NeverPicksAGroupWithoutAFullMemoryWorkerWhenOneMeetsTheSlos) {
+  // TTFT <= 9.6 s, TPOT <= 100 ms on four free servers: (2, 0) 9.527 s / 62 ms, (2, 1) 9.427 s /
+  // 47 ms, (3, 0) 8.353 s / 93 ms ... all meet. (2, 0) and (3, 0) need the least memory (M), but
+  // a group of low-memory workers can never consolidate into one worker with the whole model
+  // (§6: the worker that loads the rest must hold the full model's memory), so it would stay
+  // pipelined for its whole life. The cheapest scheme with a full-memory worker is (2, 1).
+  const auto a = allocate_resources(llama7b(9.6, 0.1), a10_servers(4));
+  ASSERT_TRUE(a);
+  EXPECT_TRUE(a->meets_slo);
+  EXPECT_EQ(a->stages, 2);
+  EXPECT_EQ(a->full_memory_workers, 1);
+  ASSERT_EQ(a->workers.size(), 2u);
+  EXPECT_TRUE(a->workers[0].full_memory);
+  EXPECT_FALSE(a->workers[1].full_memory);
+  EXPECT_NEAR(a->ttft, 9.427, 1e-9);
+}
+
 TEST(HydraServeAlg1, LowMemoryWorkersGoWhereOnlyAStageFits) {
   // Two servers hold the whole model, two only a quarter of it: (4, 2) uses all four.
   auto servers = a10_servers(4);
