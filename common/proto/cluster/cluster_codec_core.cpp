@@ -89,6 +89,39 @@ std::string validate_name(std::string_view name, std::string_view what) {
   return {};
 }
 
+// A route table a gateway acts on: every URL is one it may connect to (http://, bounded, no
+// spaces), every model named.
+std::string validate_routes(const v1::RouteTable& table) {
+  if (table.models_size() > kMaxListed) {
+    return fmt::format("{} models (at most {})", table.models_size(), kMaxListed);
+  }
+  for (const v1::ModelRoute& m : table.models()) {
+    if (auto e = validate_name(m.model(), "model name"); !e.empty()) return e;
+    if (m.workers_size() > kMaxListed) {
+      return fmt::format("model {}: {} workers (at most {})", quoted(m.model()), m.workers_size(),
+                         kMaxListed);
+    }
+    for (const v1::WorkerRoute& w : m.workers()) {
+      if (!v1::WorkerState_IsValid(w.state()) || w.state() == v1::WORKER_STATE_UNSPECIFIED) {
+        return fmt::format("model {}: a worker without a state", quoted(m.model()));
+      }
+      if (w.url().empty()) {
+        if (w.state() != v1::WORKER_COLD_STARTING) {
+          return fmt::format("model {}: a serving or draining worker without a URL",
+                             quoted(m.model()));
+        }
+        continue;
+      }
+      if (auto e = validate_name(w.url(), "worker URL"); !e.empty()) return e;
+      if (!w.url().starts_with("http://")) {
+        return fmt::format("model {}: worker URL {} is not http://", quoted(m.model()),
+                           quoted(w.url()));
+      }
+    }
+  }
+  return {};
+}
+
 std::string validate_status(const v1::TaskStatus& status) {
   if (auto e = validate_task(status.task()); !e.empty()) return e;
   if (status.state() == v1::TASK_STATE_UNSPECIFIED || !v1::TaskState_IsValid(status.state())) {
@@ -322,8 +355,28 @@ std::string decode_frontend_request(std::string_view bytes, v1::FrontendRequest&
         return refuse(out, fmt::format("load: {} concurrent requests is not a non-negative number",
                                        out.load().concurrent_requests()));
       }
+      if (!finite_non_negative(out.load().window_s())) {
+        return refuse(out, fmt::format("load: a window of {} s is not a non-negative number",
+                                       out.load().window_s()));
+      }
+      if (!out.load().gateway_id().empty()) {
+        if (auto e = validate_name(out.load().gateway_id(), "gateway id"); !e.empty()) {
+          return refuse(out, "load: " + e);
+        }
+      }
       break;
     case v1::FrontendRequest::kState:
+      break;
+    case v1::FrontendRequest::kGatewayHello:
+      if (auto e = validate_name(out.gateway_hello().gateway_id(), "gateway id"); !e.empty()) {
+        return refuse(out, "gateway hello: " + e);
+      }
+      if (!finite_non_negative(out.gateway_hello().report_interval_s()) ||
+          out.gateway_hello().report_interval_s() > kMaxGatewayIntervalS) {
+        return refuse(out,
+                      fmt::format("gateway hello: report interval {} s (0 to {} s)",
+                                  out.gateway_hello().report_interval_s(), kMaxGatewayIntervalS));
+      }
       break;
     default:
       return refuse(out, "frontend request has no body");
@@ -350,6 +403,9 @@ std::string decode_frontend_reply(std::string_view bytes, v1::FrontendReply& out
       }
       break;
     case v1::FrontendReply::kState:
+      break;
+    case v1::FrontendReply::kRoutes:
+      if (auto e = validate_routes(out.routes()); !e.empty()) return refuse(out, "routes: " + e);
       break;
     default:
       if (out.error().empty()) return refuse(out, "reply has neither an error nor a body");

@@ -24,6 +24,9 @@ inline constexpr std::size_t kMaxInboundBytes = 1u << 20;
 // Replies carry ClusterState (every node's registration), so they get a larger bound; it only
 // keeps a broken peer from making thawctl parse gigabytes.
 inline constexpr std::size_t kMaxReplyBytes = 64u << 20;
+// A gateway's report interval: longer would make its subscription outlive a dead gateway by
+// minutes.
+inline constexpr double kMaxGatewayIntervalS = 60;
 
 // Sets `version` and serialises.
 std::string encode(v1::NodeMessage message);
