@@ -56,6 +56,7 @@ class Section {
   }
   std::string key(std::string_view k) const { return fmt::format("{}.{}", name_, k); }
   std::string_view origin() const { return origin_; }
+  const toml::table* table() const { return table_; }
 
  private:
   std::string_view origin_;
@@ -183,6 +184,70 @@ std::expected<void, ConfigError> read_metrics_listen(const Section& s, std::stri
   return {};
 }
 
+// network.shaping: "auto" (the default), true or false.
+std::expected<void, ConfigError> read_shaping(const Section& s, ShapingMode& out) {
+  const toml::node* n = s.get("shaping");
+  if (n == nullptr) return {};
+  if (n->is_boolean()) {
+    out = *n->value<bool>() ? ShapingMode::on : ShapingMode::off;
+    return {};
+  }
+  if (n->is_string() && *n->value<std::string>() == "auto") {
+    out = ShapingMode::automatic;
+    return {};
+  }
+  return bad(s.origin(), *n, s.key("shaping"),
+             "must be \"auto\" (on when the uplink, its rate and thawd's capabilities allow), "
+             "true (on, or thawd does not start) or false");
+}
+
+// A class's rate: a share of the link ("20%") or a rate in bytes per second ("100MB").
+std::expected<void, ConfigError> read_class_rate(const Section& s, std::string_view k,
+                                                 RateSetting& out) {
+  const toml::node* n = s.get(k);
+  if (n == nullptr) return {};
+  if (n->is_string()) {
+    const std::string text = *n->value<std::string>();
+    if (!text.empty() && text.back() == '%') {
+      const std::string number = text.substr(0, text.size() - 1);
+      char* end = nullptr;
+      const double percent = std::strtod(number.c_str(), &end);
+      if (!number.empty() && end == number.c_str() + number.size() && std::isfinite(percent) &&
+          percent > 0 && percent <= 100) {
+        out = RateSetting{0, percent / 100};
+        return {};
+      }
+    } else if (auto size = text::parse_byte_size(text)) {
+      out = RateSetting{*size, 0};
+      return {};
+    }
+  } else if (n->is_integer() && n->value<std::int64_t>().value_or(0) > 0) {
+    out = RateSetting{static_cast<std::uint64_t>(*n->value<std::int64_t>()), 0};
+    return {};
+  }
+  return bad(s.origin(), *n, s.key(k),
+             "must be a share of the link such as \"20%\" (0 to 100 %) or a rate in bytes per "
+             "second such as \"100MB\"");
+}
+
+std::expected<void, ConfigError> read_network(const Section& s, NetworkSettings& out) {
+  if (auto ok = read_shaping(s, out.mode); !ok) return ok;
+  if (auto ok = read_string(s, "uplink", out.uplink); !ok) return ok;
+  if (auto ok = read_rate(s, "link_rate", out.link_rate); !ok) return ok;
+  for (std::size_t i = 0; i < kNetClassCount; ++i) {
+    const std::string name(to_string(static_cast<NetClass>(i)));
+    if (auto ok = read_class_rate(s, name + "_rate", out.classes[i].guaranteed); !ok) return ok;
+    if (auto ok = read_class_rate(s, name + "_ceil", out.classes[i].ceil); !ok) return ok;
+  }
+  if (auto ok = validate_network_settings(out); !ok) {
+    // Cross-key: the section's place, and the keys the message names.
+    return Fail(ConfigError{fmt::format(
+        "{}: {}", s.table() ? where(s.origin(), s.table()->source()) : std::string(s.origin()),
+        ok.error())});
+  }
+  return {};
+}
+
 // The file's text, or why it is not a configuration file thawd will read. Opened without
 // blocking (a FIFO's open waits for a writer otherwise) and checked before any read.
 std::expected<std::string, ConfigError> read_config_file(const std::filesystem::path& path) {
@@ -243,27 +308,30 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
     return Fail(ConfigError{fmt::format("{}: {}; fix the TOML syntax there",
                                         where(origin, e.source()), e.description())});
   }
-  static const std::set<std::string_view> kSections = {"node", "store",   "gpu",        "shim",
-                                                       "dbus", "metrics", "coordinator"};
+  static const std::set<std::string_view> kSections = {"node", "store",   "gpu",         "shim",
+                                                       "dbus", "metrics", "coordinator", "network"};
   for (const auto& [key, node] : root) {
     if (!kSections.contains(key.str()) || !node.is_table()) {
       return bad(origin, node, key.str(),
                  node.is_table() ? "unknown section; thawd.toml has [node], [store], [gpu], "
-                                   "[shim], [dbus], [metrics] and [coordinator]"
+                                   "[shim], [dbus], [metrics], [coordinator] and [network]"
                                  : "top-level keys belong in a section such as [store]");
     }
   }
   ThawdConfig c;
   const Section node(root, "node", origin), store(root, "store", origin), gpu(root, "gpu", origin),
       shim(root, "shim", origin), dbus(root, "dbus", origin), metrics(root, "metrics", origin),
-      coordinator(root, "coordinator", origin);
-  for (auto ok : {node.only({"id", "state_dir"}),
-                  store.only({"cache_dir", "cache_budget", "registry", "connections", "max_rate",
-                              "allow_unverified"}),
-                  gpu.only({"pool_share", "max_slots"}), shim.only({"socket", "allow_groups"}),
-                  dbus.only({"bus"}), metrics.only({"listen"}),
-                  coordinator.only({"endpoint", "server_key", "key", "network", "pcie",
-                                    "worker_command", "worker_preload"})}) {
+      coordinator(root, "coordinator", origin), network(root, "network", origin);
+  for (auto ok :
+       {node.only({"id", "state_dir"}),
+        store.only({"cache_dir", "cache_budget", "registry", "connections", "max_rate",
+                    "allow_unverified"}),
+        gpu.only({"pool_share", "max_slots"}), shim.only({"socket", "allow_groups"}),
+        dbus.only({"bus"}), metrics.only({"listen"}),
+        coordinator.only({"endpoint", "server_key", "key", "network", "pcie", "worker_command",
+                          "worker_preload"}),
+        network.only({"shaping", "uplink", "link_rate", "inference_rate", "inference_ceil",
+                      "critical_rate", "critical_ceil", "background_rate", "background_ceil"})}) {
     if (!ok) return Fail(ok.error());
   }
   for (auto ok :
@@ -284,6 +352,7 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
     if (!ok) return Fail(ok.error());
   }
   if (auto ok = read_fraction(gpu, "pool_share", c.pool_share); !ok) return Fail(ok.error());
+  if (auto ok = read_network(network, c.network); !ok) return Fail(ok.error());
   if (const toml::node* n = shim.get("allow_groups")) {
     const toml::array* groups = n->as_array();
     if (groups == nullptr) {
@@ -363,6 +432,7 @@ std::vector<std::string> restart_needed(const ThawdConfig& a, const ThawdConfig&
   if (a.pcie_bytes_per_s != b.pcie_bytes_per_s) out.push_back("coordinator.pcie");
   if (a.worker_command != b.worker_command) out.push_back("coordinator.worker_command");
   if (a.worker_preload != b.worker_preload) out.push_back("coordinator.worker_preload");
+  if (a.network != b.network) out.push_back("network");
   return out;
 }
 

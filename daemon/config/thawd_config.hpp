@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/network/network_config.hpp"
+
 namespace thaw::daemon {
 
 inline constexpr const char* kDefaultConfigPath = "/etc/thaw/thawd.toml";
@@ -51,6 +53,8 @@ struct ThawdConfig {
   // launch-worker tasks: argv with {model} {key} {stage} {stages} {gpu} {plan} replaced
   std::vector<std::string> worker_command;
   std::filesystem::path worker_preload = "/usr/lib/x86_64-linux-gnu/libthaw-preload.so";
+  // [network]: traffic shaping of the uplink (daemon/network/network_config.hpp)
+  NetworkSettings network;
 
   bool operator==(const ThawdConfig&) const = default;
 };

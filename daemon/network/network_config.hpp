@@ -1,0 +1,117 @@
+// The [network] section of thawd.toml: whether thawd shapes the node's uplink with its
+// eBPF traffic classes, on which device, at what link rate, and each class's guaranteed
+// rate and ceiling. Parsing (the keys) lives in daemon/config/thawd_config.cpp with the
+// other sections; this file holds the settings, their cross-key validation and their
+// resolution against the machine (default-route device, /sys/class/net/DEV/speed,
+// capabilities) into the rates the shaper is started with.
+//
+// Three classes, in priority order: inference (engines' and the gateway's traffic, small
+// and latency-bound: HydraServe §4.2 simply prioritises it), critical fetch (the layers a
+// cold start waits for), background (prefetch, consolidation). Marks are the values the
+// store writes with SO_MARK on its fetch sockets and the BPF classifier reads.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace thaw::daemon {
+
+enum class NetClass : std::uint8_t { inference = 0, critical = 1, background = 2 };
+inline constexpr std::size_t kNetClassCount = 3;
+std::string_view to_string(NetClass cls);
+
+// SO_MARK values of thawd's fetch sockets. Until bpf/traffic_class.h exists these are
+// thawd's own; they must equal the classifier's (a test pins them). The high bits keep
+// them clear of marks firewalls commonly use (0x1..0xff).
+inline constexpr std::uint32_t kMarkCriticalFetch = 0x7a770001;
+inline constexpr std::uint32_t kMarkBackgroundFetch = 0x7a770002;
+
+// A class's rate as written: an absolute rate in bytes per second, or a share of the link.
+struct RateSetting {
+  std::uint64_t bytes_per_s = 0;  // used when share == 0
+  double share = 0;               // (0, 1]: of the link rate
+  bool operator==(const RateSetting&) const = default;
+};
+
+struct ClassSetting {
+  RateSetting guaranteed;  // what the class gets whatever the others send
+  RateSetting ceil;        // the most it may borrow up to
+  bool operator==(const ClassSetting&) const = default;
+};
+
+enum class ShapingMode { automatic, on, off };
+
+struct NetworkSettings {
+  // automatic: on when the uplink exists, its rate is known and thawd has CAP_BPF and
+  // CAP_NET_ADMIN, else off with one log line saying which; on: the same, but a missing
+  // device or unknown link rate stops thawd (missing capabilities still only turn it off).
+  ShapingMode mode = ShapingMode::automatic;
+  std::string uplink;           // "" = the device of the default route
+  std::uint64_t link_rate = 0;  // bytes/s; 0 = /sys/class/net/DEV/speed
+  std::array<ClassSetting, kNetClassCount> classes = default_classes();
+
+  static constexpr std::array<ClassSetting, kNetClassCount> default_classes() {
+    return {ClassSetting{{0, 0.05}, {0, 1.0}},   // inference: small but never starved
+            ClassSetting{{0, 0.80}, {0, 1.0}},   // critical fetch: what cold starts wait on
+            ClassSetting{{0, 0.15}, {0, 1.0}}};  // background: the rest, borrows when idle
+  }
+  bool operator==(const NetworkSettings&) const = default;
+};
+
+// Checks what can be checked without the machine: every absolute guaranteed rate at most its
+// ceiling and the link rate (when set), shares' sum at most 1, the device name one the kernel
+// accepts. The message names the keys ("network.critical_rate ...") and what to change.
+std::expected<void, std::string> validate_network_settings(const NetworkSettings& s);
+
+// What the machine answers; an interface so resolution is testable without one.
+class NetworkProbe {
+ public:
+  virtual ~NetworkProbe() = default;
+  virtual std::optional<std::string> default_route_device() const = 0;
+  virtual bool device_exists(const std::string& dev) const = 0;
+  // The link rate in bytes/s from /sys/class/net/DEV/speed (Mbit/s); nullopt when the driver
+  // does not say (virtual devices report -1 or fail the read).
+  virtual std::optional<std::uint64_t> link_bytes_per_s(const std::string& dev) const = 0;
+  // "" when thawd may load BPF programs and change qdiscs; else the missing capabilities.
+  virtual std::string missing_capabilities() const = 0;
+};
+
+// The real machine: /proc/net/route, /sys/class/net, capget(2).
+class SystemNetworkProbe final : public NetworkProbe {
+ public:
+  std::optional<std::string> default_route_device() const override;
+  bool device_exists(const std::string& dev) const override;
+  std::optional<std::uint64_t> link_bytes_per_s(const std::string& dev) const override;
+  std::string missing_capabilities() const override;
+};
+
+// The device of the first default route (destination 0, mask 0, lowest metric) in the text
+// of /proc/net/route; nullopt if none.
+std::optional<std::string> default_route_in(std::string_view proc_net_route);
+
+struct ClassRates {
+  std::uint64_t guaranteed_bytes_per_s = 0;
+  std::uint64_t ceil_bytes_per_s = 0;
+  bool operator==(const ClassRates&) const = default;
+};
+
+struct ResolvedNetwork {
+  bool enabled = false;
+  std::string why_off;  // when !enabled: one line for the log ("shaping off: ...")
+  std::string device;
+  std::uint64_t link_bytes_per_s = 0;
+  std::array<ClassRates, kNetClassCount> rates{};
+};
+
+// The settings against the machine. An error only where mode == on and the machine cannot
+// do it for a reason the operator must fix (no such device, link rate unknown, rates above
+// the link); everything else that prevents shaping gives enabled = false and why_off.
+std::expected<ResolvedNetwork, std::string> resolve_network(const NetworkSettings& s,
+                                                            const NetworkProbe& probe);
+
+}  // namespace thaw::daemon
