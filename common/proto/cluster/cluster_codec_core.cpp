@@ -160,7 +160,19 @@ std::string validate_gpus(const google::protobuf::RepeatedPtrField<v1::GpuInfo>&
   return {};
 }
 
+// Averages the coordinator feeds into Alg. 1: finite, non-negative, under a day.
+std::string validate_startup(const v1::StartupCosts& c) {
+  for (double v :
+       {c.process_start_s(), c.cuda_init_s(), c.weights_s(), c.engine_init_s(), c.ready_s()}) {
+    if (!finite_non_negative(v) || v > 86400) {
+      return fmt::format("start-up phase of {} s (0 to 86400)", v);
+    }
+  }
+  return {};
+}
+
 std::string validate_heartbeat(const v1::Heartbeat& h) {
+  if (auto e = validate_startup(h.startup()); !e.empty()) return e;
   if (!h.resources_changed() && (h.gpus_size() > 0 || h.slots_size() > 0)) {
     return "GPUs or slots listed without resources_changed";
   }
@@ -178,6 +190,10 @@ std::string validate_register(const v1::Register& r) {
     return fmt::format("network bandwidth {} is not a non-negative number",
                        r.network_bytes_per_s());
   }
+  if (!r.worker_host().empty()) {
+    if (auto e = validate_name(r.worker_host(), "worker host"); !e.empty()) return e;
+  }
+  if (auto e = validate_startup(r.startup()); !e.empty()) return e;
   if (r.cache_size() > kMaxListed || r.slots_size() > kMaxListed || r.tasks_size() > kMaxListed) {
     return fmt::format("{} cached models, {} slots, {} tasks listed (at most {} each)",
                        r.cache_size(), r.slots_size(), r.tasks_size(), kMaxListed);
@@ -272,6 +288,27 @@ std::string validate_task(const v1::Task& task) {
   }
   if (task.gpu() >= kMaxGpus) {
     return fmt::format("task {}: GPU {} (at most {})", id, task.gpu(), kMaxGpus - 1);
+  }
+  // Pipeline wiring: the worker command gets these verbatim, so each is checked here.
+  if (task.peers_size() != 0 && task.peers_size() != static_cast<int>(task.stages())) {
+    return fmt::format("task {}: {} peer addresses for {} stages", id, task.peers_size(),
+                       task.stages());
+  }
+  for (const std::string& peer : task.peers()) {
+    if (auto e = validate_name(peer, "peer address"); !e.empty()) {
+      return fmt::format("task {}: {}", id, e);
+    }
+    if (peer.find(':') == std::string::npos || peer.find(',') != std::string::npos) {
+      return fmt::format("task {}: peer address {} is not host:port", id, quoted(peer));
+    }
+  }
+  if (task.http_port() > 65535) {
+    return fmt::format("task {}: HTTP port {} (at most 65535)", id, task.http_port());
+  }
+  if (task.layer_begin() > task.layer_end() ||
+      (task.model().layers() > 0 && task.layer_end() > task.model().layers())) {
+    return fmt::format("task {}: layers [{}, {}) of a {}-layer model", id, task.layer_begin(),
+                       task.layer_end(), task.model().layers());
   }
   return {};
 }

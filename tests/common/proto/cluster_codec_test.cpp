@@ -326,6 +326,48 @@ TEST(ClusterCodec, RefusesTaskStagesOutOfRange) {
   EXPECT_THAT(r.error(), AllOf(HasSubstr("task: "), HasSubstr("stage 5 of 2 stages")));
 }
 
+TEST(ClusterCodec, ChecksAPipelineWorkersWiring) {
+  v1::Task t = task();
+  t.set_kind(v1::TASK_LAUNCH_WORKER);
+  t.add_peers("10.0.0.1:29500");
+  t.add_peers("10.0.0.2:29501");
+  t.set_http_port(8000);
+  t.set_layer_begin(t.model().layers() / 2);
+  t.set_layer_end(t.model().layers());
+  EXPECT_TRUE(cluster::validate_task(t));
+  v1::CoordinatorMessage c;
+  *c.mutable_task() = t;
+  auto back = cluster::decode_coordinator_message(cluster::encode(c));
+  ASSERT_TRUE(back) << back.error();
+  EXPECT_EQ(back->task().peers(1), "10.0.0.2:29501");
+
+  v1::Task one_peer = t;
+  one_peer.mutable_peers()->RemoveLast();
+  EXPECT_THAT(cluster::validate_task(one_peer).error(), HasSubstr("1 peer addresses for 2"));
+  v1::Task smuggled = t;
+  smuggled.set_peers(0, "a:1,b:2");  // would add a stage on the engine's command line
+  EXPECT_THAT(cluster::validate_task(smuggled).error(), HasSubstr("is not host:port"));
+  v1::Task no_port = t;
+  no_port.set_peers(0, "10.0.0.1");
+  EXPECT_THAT(cluster::validate_task(no_port).error(), HasSubstr("is not host:port"));
+  v1::Task layers = t;
+  layers.set_layer_end(t.model().layers() + 1);
+  EXPECT_THAT(cluster::validate_task(layers).error(), HasSubstr("layers ["));
+  layers.set_layer_begin(3);
+  layers.set_layer_end(2);
+  EXPECT_THAT(cluster::validate_task(layers).error(), HasSubstr("layers [3, 2)"));
+  v1::Task port = t;
+  port.set_http_port(70000);
+  EXPECT_THAT(cluster::validate_task(port).error(), HasSubstr("HTTP port 70000"));
+
+  v1::NodeMessage hb;
+  hb.set_version(cluster::kProtocolVersion);
+  hb.mutable_heartbeat()->mutable_startup()->set_cuda_init_s(-1);
+  auto r = cluster::decode_node_message(cluster::encode(hb));
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.error(), HasSubstr("start-up phase of -1 s"));
+}
+
 TEST(ClusterCodec, RefusesAnUnknownTaskKind) {
   v1::Task t = task();
   t.set_kind(v1::TASK_KIND_UNSPECIFIED);
