@@ -329,9 +329,10 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
         gpu.only({"pool_share", "max_slots"}), shim.only({"socket", "allow_groups"}),
         dbus.only({"bus"}), metrics.only({"listen"}),
         coordinator.only({"endpoint", "server_key", "key", "network", "pcie", "worker_command",
-                          "worker_preload"}),
+                          "worker_preload", "worker_host"}),
         network.only({"shaping", "uplink", "link_rate", "inference_rate", "inference_ceil",
-                      "critical_rate", "critical_ceil", "background_rate", "background_ceil"})}) {
+                      "critical_rate", "critical_ceil", "background_rate", "background_ceil",
+                      "other_rate", "other_ceil"})}) {
     if (!ok) return Fail(ok.error());
   }
   for (auto ok :
@@ -348,7 +349,8 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
         read_path(coordinator, "key", c.node_key),
         read_rate(coordinator, "network", c.network_bytes_per_s),
         read_rate(coordinator, "pcie", c.pcie_bytes_per_s),
-        read_path(coordinator, "worker_preload", c.worker_preload)}) {
+        read_path(coordinator, "worker_preload", c.worker_preload),
+        read_string(coordinator, "worker_host", c.worker_host)}) {
     if (!ok) return Fail(ok.error());
   }
   if (auto ok = read_fraction(gpu, "pool_share", c.pool_share); !ok) return Fail(ok.error());
@@ -432,6 +434,7 @@ std::vector<std::string> restart_needed(const ThawdConfig& a, const ThawdConfig&
   if (a.pcie_bytes_per_s != b.pcie_bytes_per_s) out.push_back("coordinator.pcie");
   if (a.worker_command != b.worker_command) out.push_back("coordinator.worker_command");
   if (a.worker_preload != b.worker_preload) out.push_back("coordinator.worker_preload");
+  if (a.worker_host != b.worker_host) out.push_back("coordinator.worker_host");
   if (a.network != b.network) out.push_back("network");
   return out;
 }

@@ -16,7 +16,7 @@ namespace thaw::daemon {
 namespace {
 
 constexpr std::array<std::string_view, kNetClassCount> kClassKey = {"inference", "critical",
-                                                                    "background"};
+                                                                    "background", "other"};
 
 std::string describe(const RateSetting& r) {
   if (r.share > 0) return fmt::format("{:g}%", r.share * 100);

@@ -5,10 +5,11 @@
 // resolution against the machine (default-route device, /sys/class/net/DEV/speed,
 // capabilities) into the rates the shaper is started with.
 //
-// Three classes, in priority order: inference (engines' and the gateway's traffic, small
+// Four classes, in priority order: inference (engines' and the gateway's traffic, small
 // and latency-bound: HydraServe §4.2 simply prioritises it), critical fetch (the layers a
-// cold start waits for), background (prefetch, consolidation). Marks are the values the
-// store writes with SO_MARK on its fetch sockets and the BPF classifier reads.
+// cold start waits for), background (prefetch, consolidation), other (whatever else the
+// node sends: it keeps a guaranteed share so ssh and monitoring never starve). Marks are the values
+// the store writes with SO_MARK on its fetch sockets and the BPF classifier reads.
 #pragma once
 
 #include <array>
@@ -21,8 +22,9 @@
 
 namespace thaw::daemon {
 
-enum class NetClass : std::uint8_t { inference = 0, critical = 1, background = 2 };
-inline constexpr std::size_t kNetClassCount = 3;
+// In the order and with the ids of bpf/traffic_class.h (THAW_CLASS_*).
+enum class NetClass : std::uint8_t { inference = 0, critical = 1, background = 2, other = 3 };
+inline constexpr std::size_t kNetClassCount = 4;
 std::string_view to_string(NetClass cls);
 
 // SO_MARK values of thawd's fetch sockets. Until bpf/traffic_class.h exists these are
@@ -56,9 +58,12 @@ struct NetworkSettings {
   std::array<ClassSetting, kNetClassCount> classes = default_classes();
 
   static constexpr std::array<ClassSetting, kNetClassCount> default_classes() {
-    return {ClassSetting{{0, 0.05}, {0, 1.0}},   // inference: small but never starved
-            ClassSetting{{0, 0.80}, {0, 1.0}},   // critical fetch: what cold starts wait on
-            ClassSetting{{0, 0.15}, {0, 1.0}}};  // background: the rest, borrows when idle
+    // network::default_shaping_settings's shares (daemon/network/traffic_shaper.hpp): the
+    // guarantees bite only under contention; every ceiling is the link, so none idles.
+    return {ClassSetting{{0, 0.40}, {0, 1.0}},   // inference: latency-bound, served first
+            ClassSetting{{0, 0.40}, {0, 1.0}},   // critical fetch: what cold starts wait on
+            ClassSetting{{0, 0.05}, {0, 1.0}},   // background: borrows when the link is idle
+            ClassSetting{{0, 0.15}, {0, 1.0}}};  // other: the node's own traffic
   }
   bool operator==(const NetworkSettings&) const = default;
 };

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "bpf/traffic_class.h"
+
 namespace thaw::store {
 
 std::expected<void, std::string> apply_socket_tags(int fd, const SocketTags& tags) {
@@ -29,6 +31,15 @@ std::expected<void, std::string> apply_socket_tags(int fd, const SocketTags& tag
     }
   }
   return {};
+}
+
+std::array<SocketTags, kFetchClassCount> shaper_socket_tags(std::uint32_t model_id) {
+  std::array<SocketTags, kFetchClassCount> tags{};
+  tags[static_cast<std::size_t>(FetchClass::critical)].so_mark =
+      thaw_mark_make(THAW_CLASS_CRITICAL_FETCH, model_id);
+  tags[static_cast<std::size_t>(FetchClass::background)].so_mark =
+      thaw_mark_make(THAW_CLASS_BACKGROUND_FETCH, model_id);
+  return tags;
 }
 
 }  // namespace thaw::store

@@ -1,6 +1,8 @@
 // Writing a fetch class's SO_MARK / SO_PRIORITY on a socket.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <expected>
 #include <string>
 
@@ -11,5 +13,12 @@ namespace thaw::store {
 // Sets the tags `tags` holds on `fd`; an error names the option, value and errno text
 // (e.g. "setsockopt(SO_MARK=0x10): Operation not permitted (needs CAP_NET_ADMIN)").
 std::expected<void, std::string> apply_socket_tags(int fd, const SocketTags& tags);
+
+// The SO_MARK of each fetch class as thaw's tc classifier reads it (bpf/traffic_class.h):
+// critical fetch for FetchClass::critical, background fetch for FetchClass::background,
+// `model_id` (0: none) in the mark's model bits for the classifier's per-model counters.
+// Only for a thawd that shapes: setting SO_MARK needs CAP_NET_ADMIN, and a fetch fails
+// (FetchErrc::socket_tag) where it cannot.
+std::array<SocketTags, kFetchClassCount> shaper_socket_tags(std::uint32_t model_id = 0);
 
 }  // namespace thaw::store

@@ -74,12 +74,12 @@ TEST(NetworkConfig, BadValuesNameTheKeyAndWhatIsAccepted) {
 }
 
 TEST(NetworkConfig, CrossKeyChecksNameTheSectionAndTheKeys) {
-  const std::string over = error_of("critical_rate = \"90%\"");  // 5 + 90 + 15 > 100
-  EXPECT_NE(over.find("n.toml:1:1: network: the guaranteed shares add up to 110%"),
+  const std::string over = error_of("critical_rate = \"60%\"");  // 40 + 60 + 5 + 15 > 100
+  EXPECT_NE(over.find("n.toml:1:1: network: the guaranteed shares add up to 120%"),
             std::string::npos)
       << over;
-  const std::string above_ceil = error_of("background_rate = \"10%\"\nbackground_ceil = \"5%\"");
-  EXPECT_NE(above_ceil.find("network.background_rate (10%) is above network.background_ceil (5%)"),
+  const std::string above_ceil = error_of("background_rate = \"5%\"\nbackground_ceil = \"4%\"");
+  EXPECT_NE(above_ceil.find("network.background_rate (5%) is above network.background_ceil (4%)"),
             std::string::npos)
       << above_ceil;
   const std::string above_link =
@@ -96,9 +96,10 @@ TEST(NetworkConfig, DefaultsResolveAgainstTheDefaultRouteAndItsSpeed) {
   EXPECT_TRUE(r->enabled) << r->why_off;
   EXPECT_EQ(r->device, "eth0");
   EXPECT_EQ(r->link_bytes_per_s, 1'250'000'000u);
-  EXPECT_EQ(r->rates[0], (ClassRates{62'500'000, 1'250'000'000}));
-  EXPECT_EQ(r->rates[1], (ClassRates{1'000'000'000, 1'250'000'000}));
-  EXPECT_EQ(r->rates[2], (ClassRates{187'500'000, 1'250'000'000}));
+  EXPECT_EQ(r->rates[0], (ClassRates{500'000'000, 1'250'000'000}));
+  EXPECT_EQ(r->rates[1], (ClassRates{500'000'000, 1'250'000'000}));
+  EXPECT_EQ(r->rates[2], (ClassRates{62'500'000, 1'250'000'000}));
+  EXPECT_EQ(r->rates[3], (ClassRates{187'500'000, 1'250'000'000}));
 }
 
 TEST(NetworkConfig, AutomaticTurnsOffWithOneReasonInsteadOfFailing) {
