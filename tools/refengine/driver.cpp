@@ -69,6 +69,11 @@ Driver::~Driver() = default;
 
 #endif
 
+void* Driver::extension(const char* name) const {
+  if (void* found = dlsym(RTLD_DEFAULT, name)) return found;
+  return handle_ != nullptr ? dlsym(handle_, name) : nullptr;
+}
+
 std::string Driver::error_message(CUresult r, std::string_view what) const {
   const char* name = nullptr;
   const char* text = nullptr;

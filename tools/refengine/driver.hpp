@@ -121,6 +121,10 @@ class Driver {
 
   // Where the entry points came from: the dlopen'ed file, or "linked".
   const std::string& source() const { return source_; }
+  // A symbol the driver exports beside the CUDA API (thaw's emulator's thawEmu* inspection
+  // calls), or null: looked up with dlsym(RTLD_DEFAULT), then in the library this table was
+  // loaded from (dlopen'ed RTLD_LOCAL, so the first lookup does not see it).
+  void* extension(const char* name) const;
 
 #define REFENGINE_DRIVER_MEMBER(member, sym) decltype(&::sym) member = nullptr;
   REFENGINE_DRIVER_FUNCTIONS(REFENGINE_DRIVER_MEMBER)

@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,6 +61,8 @@ class Engine {
   int num_blocks() const { return num_blocks_; }
   int max_blocks_per_seq() const { return runner_->max_blocks_per_seq(); }
   std::vector<int> graph_sizes() const { return runner_->graph_sizes(); }
+  const std::map<int, CUgraphExec>& graph_execs() const { return runner_->graph_execs(); }
+  const Driver& driver() const { return *driver_; }
   bool is_first_stage() const { return options_.pipeline.rank == 0; }
   Timeline& timeline() { return timeline_; }
 

@@ -27,6 +27,7 @@
 #include "allocator.hpp"
 #include "engine.hpp"
 #include "engine_core_process.hpp"
+#include "graph_dump.hpp"
 #include "scheduler.hpp"
 #include "server.hpp"
 #include "timeline.hpp"
@@ -81,7 +82,7 @@ int main(int argc, char** argv) {
       "decode batch size). Phase timeline as JSON lines on stderr or --timeline."};
   app.require_subcommand(1);
   EngineOptions eo;
-  std::string timeline_path, module_api = "library", peers;
+  std::string timeline_path, module_api = "library", peers, dump_graphs_path;
   bool all_positions = false, engine_core_process = false;
 
   auto add_engine_options = [&](CLI::App* c) {
@@ -125,6 +126,11 @@ int main(int argc, char** argv) {
                 "as usual, and records the results for the next run, where there is no valid "
                 "record");
     c->add_option("--timeline", timeline_path, "write the phase timeline here instead of stderr");
+    c->add_option("--dump-graphs", dump_graphs_path,
+                  "once the decode CUDA graphs are ready (captured or restored), write here a JSON "
+                  "object mapping each batch size to the canonical description of the executable "
+                  "graph it launches: nodes, kernel identities, parameter bytes, edges (needs "
+                  "thaw's CUDA driver emulator, which can list an executable graph's nodes)");
     c->add_option("--pp-rank", eo.pipeline.rank, "this process's pipeline stage")
         ->capture_default_str();
     c->add_option("--pp-size", eo.pipeline.size, "number of pipeline stages")
@@ -228,6 +234,11 @@ int main(int argc, char** argv) {
       timeline.mark("engine_core_process", {{"pid", ::getpid()}, {"parent_pid", ::getppid()}});
     }
     Engine engine(eo, timeline);
+    if (!dump_graphs_path.empty()) {
+      if (auto dumped = dump_graphs(engine.driver(), engine.graph_execs(), dump_graphs_path);
+          !dumped)
+        throw std::runtime_error(dumped.error());
+    }
     if (eo.pipeline.rank > 0) {
       engine.run_worker();
       return 0;

@@ -87,6 +87,8 @@ class ModelRunner {
   int max_blocks_per_seq() const { return max_blocks_per_seq_; }
   // Captured decode sizes, ascending.
   std::vector<int> graph_sizes() const;
+  // The executable graph each decode size launches (captured or restored).
+  const std::map<int, CUgraphExec>& graph_execs() const { return graphs_; }
   AllocatorStats allocator_stats() const { return allocator_->stats(); }
   std::uint64_t weight_bytes() const { return weight_bytes_; }
 
