@@ -1,8 +1,8 @@
 #!/bin/bash
 # The real-GPU kit is self-contained: `run --quick` passes steps a-d on the emulator inside a
 # minimal Debian 12 root (debootstrap --variant=minbase: bash, coreutils, mawk; none of thaw's
-# build or run dependencies), where nothing of this machine's /usr is visible. Step e is
-# skipped there (no python3, no GPU) and must say so.
+# build or run dependencies), where nothing of this machine's /usr is visible. Steps e and f
+# are skipped there (no python3, no GPU) and must say so.
 #
 # The root is made once and kept (THAW_MINBASE_ROOT, default /var/cache/thaw/bookworm-minbase);
 # each run sees it through an overlay, so nothing a run writes stays. Needs root (mount
@@ -81,8 +81,10 @@ for s in a b c d; do
     fail "step $s: ${status:-no result}: $(sed -n 's/^reason=//p' "$OUT/$s/result" | tail -1)"
   fi
 done
-e_status=$(sed -n 's/^status=//p' "$OUT/e/result" | tail -1)
-[[ $e_status == skipped ]] || fail "step e should be skipped without python3 and a GPU, got: $e_status"
+for s in e f; do
+  status=$(sed -n 's/^status=//p' "$OUT/$s/result" | tail -1)
+  [[ $status == skipped ]] || fail "step $s should be skipped without python3 and a GPU, got: $status"
+done
 grep -q '"steps":\[' "$OUT/report.json" || fail "report.json has no steps"
 ((rc == 0)) || fail "run exited $rc although a-d passed"
-echo "ok: a-d passed inside $ROOT (overlay), e skipped: $(sed -n 's/^reason=//p' "$OUT/e/result" | tail -1)"
+echo "ok: a-d passed inside $ROOT (overlay), e and f skipped: $(sed -n 's/^reason=//p' "$OUT/e/result" | tail -1)"

@@ -90,7 +90,7 @@ json_value() {  # a number stays a number, true/false stay booleans, anything el
 kit_summary() {
   local letter dir status reason seconds
   local -A names=([a]="driver conformance" [b]="reference engine tokens" [c]="VMM benchmarks"
-    [d]="thaw's main job" [e]="PyTorch under the shim")
+    [d]="thaw's main job" [e]="PyTorch under the shim" [f]="CUDA graphs restored under PyTorch")
   local commit first=1 line key value
   commit=$(head -1 "$KIT/share/commit")
   {
