@@ -63,6 +63,8 @@ v1::Register ClusterAgent::registration() const {
   r.set_node_id(config_.node_id);
   r.set_thaw_version(THAW_VERSION);
   r.set_network_bytes_per_s(static_cast<double>(config_.network_bytes_per_s));
+  r.set_worker_host(config_.worker_host);
+  *r.mutable_startup() = tasks_.startup_costs();
   for (const ModelStatus& m : service_.models()) {
     v1::CachedModel* c = r.add_cache();
     c->set_key(m.key);
@@ -111,11 +113,13 @@ void ClusterAgent::run() {
     } catch (const zmq::error_t&) {
     }
   };
-  std::string last_resources;  // serialised GPUs and slots as last reported
+  std::string last_resources;         // serialised GPUs and slots as last reported
+  std::uint32_t reported_starts = 0;  // worker starts in the last reported averages
   auto send_registration = [&](zmq::socket_t& socket) {
     v1::NodeMessage m;
     *m.mutable_register_() = registration();
     last_resources = resources().SerializeAsString();
+    reported_starts = m.register_().startup().samples();
     send(socket, std::move(m));
     registrations_.fetch_add(1);
   };
@@ -229,6 +233,12 @@ void ClusterAgent::run() {
               *h->mutable_gpus() = now_have.gpus();
               *h->mutable_slots() = now_have.slots();
               last_resources = std::move(text);
+            }
+            // Start-up averages when a worker became ready since the last beat.
+            const v1::StartupCosts costs = tasks_.startup_costs();
+            if (costs.samples() != reported_starts) {
+              *h->mutable_startup() = costs;
+              reported_starts = costs.samples();
             }
             send(socket, std::move(beat));
           } else {

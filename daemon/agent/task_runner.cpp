@@ -1,6 +1,9 @@
 #include "daemon/agent/task_runner.hpp"
 
 #include <fmt/format.h>
+#include <httplib.h>
+
+#include <chrono>
 
 #include "common/proto/cluster/cluster_codec.hpp"
 #include "daemon/log/log.hpp"
@@ -13,10 +16,36 @@ void set_state(v1::TaskStatus& status, v1::TaskState state, std::string error = 
   status.set_error(std::move(error));
 }
 
+std::string join(const google::protobuf::RepeatedPtrField<std::string>& parts) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : ",") + p;
+  return out;
+}
+
 }  // namespace
 
+bool http_health_ok(std::uint16_t port) {
+  httplib::Client client("127.0.0.1", port);
+  // The agent's thread polls every worker in turn: a hung engine must not stall the others.
+  client.set_connection_timeout(std::chrono::milliseconds(200));
+  client.set_read_timeout(std::chrono::milliseconds(500));
+  auto res = client.Get("/health");
+  return res && res->status == 200;
+}
+
+std::string TaskRunner::unit_for(const v1::Task& task) {
+  const std::string unit = WorkerLauncher::unit_name(task.plan_id(), task.stage());
+  return task.standalone() ? unit + "-full" : unit;
+}
+
 TaskRunner::TaskRunner(NodeService& service, WorkerLauncher& workers, WorkerSettings settings)
-    : service_(service), workers_(workers), settings_(std::move(settings)) {}
+    : service_(service), workers_(workers), settings_(std::move(settings)) {
+  if (!settings_.health_probe) settings_.health_probe = http_health_ok;
+  if (settings_.timeline_dir.empty()) {
+    std::error_code ec;
+    settings_.timeline_dir = std::filesystem::temp_directory_path(ec);
+  }
+}
 
 v1::TaskStatus TaskRunner::start(const v1::Task& task) {
   std::lock_guard lock(mutex_);
@@ -93,21 +122,37 @@ void TaskRunner::run_locked(Held& held) {
       }
       auto key = NodeService::key_for(model);
       WorkerSpec spec;
-      spec.unit = WorkerLauncher::unit_name(task.plan_id(), task.stage());
+      spec.unit = unit_for(task);
       spec.gpu = task.gpu();
-      spec.argv =
-          expand_worker_command(settings_.command, {{"model", model},
-                                                    {"key", key ? *key : model},
-                                                    {"stage", std::to_string(task.stage())},
-                                                    {"stages", std::to_string(task.stages())},
-                                                    {"gpu", std::to_string(task.gpu())},
-                                                    {"plan", task.plan_id()}});
+      const std::filesystem::path timeline = settings_.timeline_dir / (spec.unit + ".timeline");
+      std::error_code ec;
+      std::filesystem::remove(timeline, ec);  // a previous run's phases are not this one's
+      // A standalone worker is a pipeline of one; the layer range is then the whole model.
+      const bool alone = task.standalone() || task.stages() == 1;
+      const std::uint32_t layer_end =
+          alone ? task.model().layers() : std::max(task.layer_end(), task.layer_begin());
+      spec.argv = expand_worker_command(
+          settings_.command, {{"model", model},
+                              {"key", key ? *key : model},
+                              {"stage", std::to_string(task.stage())},
+                              {"stages", std::to_string(task.stages())},
+                              {"gpu", std::to_string(task.gpu())},
+                              {"plan", task.plan_id()},
+                              {"pp_rank", alone ? "0" : std::to_string(task.stage())},
+                              {"pp_size", alone ? "1" : std::to_string(task.stages())},
+                              {"peers", alone ? "" : join(task.peers())},
+                              {"port", std::to_string(task.http_port())},
+                              {"layer_begin", alone ? "0" : std::to_string(task.layer_begin())},
+                              {"layer_end", std::to_string(layer_end)},
+                              {"timeline", timeline.string()}});
       spec.env = {"LD_PRELOAD=" + settings_.preload,
                   "THAW_SOCKET=" + settings_.thawd_socket,
                   "CUDA_VISIBLE_DEVICES=" + std::to_string(task.gpu()),
                   "THAW_PLAN=" + task.plan_id(),
                   "THAW_STAGE=" + std::to_string(task.stage()),
                   "THAW_STAGES=" + std::to_string(task.stages())};
+      held.launched_ns = monotonic_ns();
+      held.timeline = timeline;
       if (auto ok = workers_.launch(spec); !ok) {
         return set_state(held.status, v1::TASK_FAILED, ok.error());
       }
@@ -115,7 +160,7 @@ void TaskRunner::run_locked(Held& held) {
       break;
     }
     case v1::TASK_STOP_WORKER: {
-      held.unit = WorkerLauncher::unit_name(task.plan_id(), task.stage());
+      held.unit = unit_for(task);
       if (auto ok = workers_.request_stop(held.unit); !ok) {
         return set_state(held.status, v1::TASK_FAILED, ok.error());
       }
@@ -165,6 +210,15 @@ void TaskRunner::refresh_locked(Held& held) {
       if (w.state == WorkerState::exited) set_state(held.status, v1::TASK_DONE);
       if (w.state == WorkerState::failed) {
         set_state(held.status, v1::TASK_FAILED, fmt::format("worker {}: {}", held.unit, w.detail));
+      }
+      const std::uint32_t port = held.status.task().http_port();
+      if (w.state == WorkerState::running && !held.status.worker_ready() && port > 0 &&
+          settings_.health_probe(static_cast<std::uint16_t>(port))) {
+        held.status.set_worker_ready(true);
+        const double ready_s = static_cast<double>(monotonic_ns() - held.launched_ns) / 1e9;
+        meter_.record(phases_from_timeline(held.timeline, held.launched_ns, ready_s));
+        log(LogLevel::info,
+            fmt::format("worker {} ready after {:.2f} s (port {})", held.unit, ready_s, port));
       }
       break;
     }

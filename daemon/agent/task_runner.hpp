@@ -9,13 +9,23 @@
 //   evict          every slot of the model on this node
 //   activate       the model's prewarmed slot on the GPU becomes its active one (no copy)
 //   launch-worker  the configured worker command with the preload shim (WorkerLauncher);
-//                  running while it runs, done on exit 0
+//                  running while it runs, done on exit 0. The command's placeholders wire it
+//                  into its pipeline group: {pp_rank} {pp_size} {peers} (host:port,...),
+//                  {port} (where it serves), {layer_begin} {layer_end}, {timeline} (a file
+//                  for the engine's start-up timeline). A worker with a port is polled at
+//                  http://127.0.0.1:{port}/health until it answers: then `worker_ready`, and
+//                  its start-up phases go into the StartupMeter
+//   (standalone)   a launch-worker with `standalone`: the whole model alone (pp size 1) —
+//                  the consolidated worker; its own unit next to the stage's pipeline worker
 //   stop-worker    stops the plan stage's worker
 //
 // A task already held (same id) is not started again: the coordinator may resend after a
 // restart or a lost reply.
 #pragma once
 
+#include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -23,6 +33,7 @@
 #include <vector>
 
 #include "common/proto/cluster/cluster.pb.h"
+#include "daemon/agent/startup_meter.hpp"
 #include "daemon/agent/worker_launcher.hpp"
 #include "daemon/service/node_service.hpp"
 
@@ -31,10 +42,16 @@ namespace thaw::daemon {
 namespace v1 = thaw::cluster::v1;
 
 struct WorkerSettings {
-  std::vector<std::string> command;  // "" = launch-worker tasks fail saying to configure it
-  std::string preload;               // LD_PRELOAD for workers
-  std::string thawd_socket;          // THAW_SOCKET for the shim
+  std::vector<std::string> command;    // "" = launch-worker tasks fail saying to configure it
+  std::string preload;                 // LD_PRELOAD for workers
+  std::string thawd_socket;            // THAW_SOCKET for the shim
+  std::filesystem::path timeline_dir;  // {timeline} files ("": the system's temp directory)
+  // Whether a worker serving on `port` (loopback) is ready; "": GET /health answers 200.
+  std::function<bool(std::uint16_t port)> health_probe;
 };
+
+// GET http://127.0.0.1:<port>/health with short timeouts: true on a 200.
+bool http_health_ok(std::uint16_t port);
 
 class TaskRunner {
  public:
@@ -45,13 +62,19 @@ class TaskRunner {
   // Refreshes every running task's status; returns those that changed since the last call.
   std::vector<v1::TaskStatus> poll();
   std::vector<v1::TaskStatus> held() const;
+  // Start-up phases of the workers that became ready here (running averages).
+  v1::StartupCosts startup_costs() const { return meter_.averages(); }
+  // The unit a launch-worker task's engine runs as.
+  static std::string unit_for(const v1::Task& task);
 
  private:
   struct Held {
     v1::TaskStatus status;
-    std::string model_key;  // fetch, prewarm
-    std::string slot;       // prewarm
-    std::string unit;       // launch-worker
+    std::string model_key;          // fetch, prewarm
+    std::string slot;               // prewarm
+    std::string unit;               // launch-worker
+    std::uint64_t launched_ns = 0;  // launch-worker: when it was started
+    std::filesystem::path timeline;
     bool changed = true;
   };
   void refresh_locked(Held& task);
@@ -60,6 +83,7 @@ class TaskRunner {
   NodeService& service_;
   WorkerLauncher& workers_;
   WorkerSettings settings_;
+  StartupMeter meter_;
   mutable std::mutex mutex_;
   std::map<std::string, Held> tasks_;  // by task id
 };

@@ -50,8 +50,12 @@ struct ThawdConfig {
   std::filesystem::path node_key = "/etc/thaw/node.key";  // this node's secret key (mode 600)
   std::uint64_t network_bytes_per_s = 0;  // the node's link (HydraServe's B); 0 = unknown
   std::uint64_t pcie_bytes_per_s = 0;     // host → GPU; 0 = unknown
-  // launch-worker tasks: argv with {model} {key} {stage} {stages} {gpu} {plan} replaced
+  // launch-worker tasks: argv with {model} {key} {stage} {stages} {gpu} {plan} {pp_rank}
+  // {pp_size} {peers} {port} {layer_begin} {layer_end} {timeline} replaced (task_runner.hpp)
   std::vector<std::string> worker_command;
+  // This node's address for its workers' pipeline links and HTTP ports, as other nodes and
+  // gateways reach it; "" : pipelines are not wired across nodes to it.
+  std::string worker_host;
   std::filesystem::path worker_preload = "/usr/lib/x86_64-linux-gnu/libthaw-preload.so";
   // [network]: traffic shaping of the uplink (daemon/network/network_config.hpp)
   NetworkSettings network;

@@ -260,7 +260,8 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
   workers_ = std::make_unique<WorkerLauncher>(c.state_dir / "workers", sd_booted() > 0);
   tasks_ = std::make_unique<TaskRunner>(
       *service_, *workers_,
-      WorkerSettings{c.worker_command, c.worker_preload.string(), c.socket_path.string()});
+      WorkerSettings{c.worker_command, c.worker_preload.string(), c.socket_path.string(),
+                     c.state_dir / "workers", {}});
   AgentConfig agent;
   agent.endpoint = c.coordinator_endpoint;
   agent.node_id = node_id;
@@ -268,6 +269,7 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
   agent.coordinator_public_z85 = *server_key;
   agent.network_bytes_per_s = c.network_bytes_per_s;
   agent.pcie_bytes_per_s = c.pcie_bytes_per_s;
+  agent.worker_host = c.worker_host;
   auto started = ClusterAgent::start(std::move(agent), *service_, *tasks_, *workers_);
   if (!started) return std::unexpected("coordinator: " + started.error());
   agent_ = std::move(*started);

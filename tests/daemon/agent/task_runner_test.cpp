@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -41,10 +42,12 @@ class TaskRunnerTest : public testing::NodeServiceFixture {
     NodeServiceFixture::TearDown();
   }
 
-  TaskRunner& runner(std::vector<std::string> command = {}) {
+  TaskRunner& runner(std::vector<std::string> command = {},
+                     std::function<bool(std::uint16_t)> probe = {}) {
     runner_ = std::make_unique<TaskRunner>(
         *service_, *workers_,
-        WorkerSettings{std::move(command), "/nonexistent/libthaw-preload.so", "/run/test.sock"});
+        WorkerSettings{std::move(command), "/nonexistent/libthaw-preload.so", "/run/test.sock",
+                       dir_.path() / "timelines", std::move(probe)});
     return *runner_;
   }
 
@@ -161,6 +164,126 @@ TEST_F(TaskRunnerTest, StopWorkerEndsTheStagesWorker) {
   EXPECT_NE(workers_->status("thaw-worker-p-1-0").state, WorkerState::running);
   // The launch task learns that its worker ended.
   EXPECT_NE(until_finished("p-1/0/launch-worker").state(), v1::TASK_RUNNING);
+}
+
+TEST_F(TaskRunnerTest, APipelineStageIsWiredToItsPeersAndLayers) {
+  const auto out = dir_.path() / "stage.txt";
+  TaskRunner& r = runner({"/bin/sh", "-c", fmt::format("echo \"$*\" > '{}'", out.string()), "sh",
+                          "--pp-rank", "{pp_rank}", "--pp-size", "{pp_size}", "--pp-peers",
+                          "{peers}", "--port", "{port}", "--layers", "{layer_begin}-{layer_end}"});
+  v1::Task t = make_task("p-1/1/launch-worker", v1::TASK_LAUNCH_WORKER, 1, 2);
+  t.mutable_model()->set_layers(12);
+  t.add_peers("10.0.0.1:29500");
+  t.add_peers("10.0.0.2:29501");
+  t.set_layer_begin(6);
+  t.set_layer_end(12);
+  EXPECT_NE(r.start(t).state(), v1::TASK_FAILED);
+  EXPECT_EQ(until_finished(t.id()).state(), v1::TASK_DONE);
+  EXPECT_EQ(read_all(out),
+            "--pp-rank 1 --pp-size 2 --pp-peers 10.0.0.1:29500,10.0.0.2:29501 --port 0 "
+            "--layers 6-12\n");
+}
+
+TEST_F(TaskRunnerTest, AStandaloneWorkerIsAPipelineOfOneWithTheWholeModelInItsOwnUnit) {
+  const auto out = dir_.path() / "alone.txt";
+  TaskRunner& r =
+      runner({"/bin/sh", "-c", fmt::format("echo \"$*\" > '{}'", out.string()), "sh",
+              "{pp_rank}/{pp_size}", "[{peers}]", "{port}", "{layer_begin}-{layer_end}"});
+  v1::Task t = make_task("p-1/0/launch-standalone", v1::TASK_LAUNCH_WORKER, 0, 2);
+  t.mutable_model()->set_layers(12);
+  t.add_peers("10.0.0.1:29500");
+  t.add_peers("10.0.0.2:29501");
+  t.set_layer_end(6);
+  t.set_http_port(8123);
+  t.set_standalone(true);
+  EXPECT_NE(r.start(t).state(), v1::TASK_FAILED);
+  EXPECT_EQ(until_finished(t.id()).state(), v1::TASK_DONE);
+  EXPECT_EQ(read_all(out), "0/1 [] 8123 0-12\n");
+  EXPECT_EQ(workers_->status("thaw-worker-p-1-0-full").state, WorkerState::exited);
+  EXPECT_EQ(workers_->status("thaw-worker-p-1-0").state, WorkerState::unknown);
+}
+
+TEST_F(TaskRunnerTest, AWorkerIsReadyWhenItsHealthAnswersAndItsPhasesAreAveraged) {
+  // The "engine" writes a timeline as the reference engine does (CLOCK_MONOTONIC t_ns), then
+  // waits; the probe says healthy only once the timeline is complete.
+  const auto timeline = dir_.path() / "timelines" / "thaw-worker-p-1-0.timeline";
+  std::atomic<int> probes{0};
+  std::atomic<std::uint16_t> probed_port{0};
+  TaskRunner& r = runner({"/bin/sh", "-c", "exec sleep 30", "{timeline}"}, [&](std::uint16_t port) {
+    probed_port = port;
+    return ++probes >= 3;
+  });
+  v1::Task t = make_task("p-1/0/launch-worker", v1::TASK_LAUNCH_WORKER, 0, 2);
+  t.set_http_port(8124);
+  const std::uint64_t before = monotonic_ns();
+  ASSERT_NE(r.start(t).state(), v1::TASK_FAILED);
+  // Written from here with the same clock the agent uses: launch + 0.1 s process start, then
+  // 0.2 s CUDA init, 0.3 s weights, 0.4 s engine init.
+  {
+    std::filesystem::create_directories(timeline.parent_path());
+    std::ofstream f(timeline);
+    const std::uint64_t t0 = before + 100'000'000;
+    f << fmt::format("{{\"event\":\"process_start\",\"t_ns\":{}}}\n", t0)
+      << "not json: the engine's other output\n"
+      << fmt::format("{{\"event\":\"driver_init\",\"t_ns\":{}}}\n", t0 + 200'000'000)
+      << fmt::format("{{\"event\":\"weights_loaded\",\"t_ns\":{}}}\n", t0 + 500'000'000)
+      << fmt::format("{{\"event\":\"ready\",\"t_ns\":{}}}\n", t0 + 900'000'000);
+  }
+  EXPECT_EQ(r.startup_costs().samples(), 0u);
+  const auto end = std::chrono::steady_clock::now() + 5s;
+  bool ready = false;
+  while (!ready && std::chrono::steady_clock::now() < end) {
+    for (const v1::TaskStatus& s : r.poll()) ready = ready || s.worker_ready();
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(ready) << "the health probe said yes on its third call";
+  EXPECT_EQ(probed_port.load(), 8124);
+  const int probes_when_ready = probes;
+  r.poll();
+  EXPECT_EQ(probes.load(), probes_when_ready) << "a ready worker is not probed again";
+  const v1::StartupCosts c = r.startup_costs();
+  EXPECT_EQ(c.samples(), 1u);
+  EXPECT_EQ(c.phase_samples(), 1u);
+  // process_start is measured from the agent's launch, a little after `before`.
+  EXPECT_GT(c.process_start_s(), 0.05);
+  EXPECT_LE(c.process_start_s(), 0.1);
+  EXPECT_NEAR(c.cuda_init_s(), 0.2, 1e-9);
+  EXPECT_NEAR(c.weights_s(), 0.3, 1e-9);
+  EXPECT_NEAR(c.engine_init_s(), 0.4, 1e-9);
+  EXPECT_GT(c.ready_s(), 0);
+  EXPECT_EQ(workers_->status("thaw-worker-p-1-0").state, WorkerState::running);
+}
+
+TEST(StartupMeter, AveragesEveryStartAndThePhasesOfStartsThatReportedThem) {
+  StartupMeter m;
+  m.record({.ready_s = 2,
+            .process_start_s = 0.1,
+            .cuda_init_s = 0.5,
+            .weights_s = 1,
+            .engine_init_s = 0.4});
+  m.record({.ready_s = 4});  // an engine without a timeline
+  m.record({.ready_s = 6,
+            .process_start_s = 0.3,
+            .cuda_init_s = 0.7,
+            .weights_s = 3,
+            .engine_init_s = 0.6});
+  const v1::StartupCosts c = m.averages();
+  EXPECT_EQ(c.samples(), 3u);
+  EXPECT_EQ(c.phase_samples(), 2u);
+  EXPECT_NEAR(c.ready_s(), 4, 1e-12);
+  EXPECT_NEAR(c.process_start_s(), 0.2, 1e-12);
+  EXPECT_NEAR(c.cuda_init_s(), 0.6, 1e-12);
+  EXPECT_NEAR(c.weights_s(), 2, 1e-12);
+  EXPECT_NEAR(c.engine_init_s(), 0.5, 1e-12);
+}
+
+TEST(StartupMeter, ATimelineFromBeforeTheLaunchOrMissingGivesNoPhases) {
+  thaw::testing::TempDir dir;
+  EXPECT_FALSE(phases_from_timeline(dir.path() / "absent", 100, 1.5).process_start_s);
+  std::ofstream(dir.path() / "old") << "{\"event\":\"process_start\",\"t_ns\":50}\n";
+  const StartupPhases p = phases_from_timeline(dir.path() / "old", 100, 1.5);
+  EXPECT_FALSE(p.process_start_s) << "a previous run's timeline";
+  EXPECT_EQ(p.ready_s, 1.5);
 }
 
 }  // namespace
