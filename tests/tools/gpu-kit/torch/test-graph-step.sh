@@ -6,13 +6,34 @@
 # node script's refusal of a bad environment, and the kit's run script with step f in its
 # report. A few seconds; needs python3.
 #
-# usage: tests/tools/gpu-kit/torch/test-graph-step.sh [--keep]
+#
+# With --node, also the node script for real on thaw's emulator, on the demo's node
+# (tools/demo/run-demo.sh --quick --with-node: private thawd and bus, the model in thawd's cache)
+# and the real shim, with fake_graph.py in torch_graph.py's place (ctypes on the driver API: it
+# loads the model's tensors, captures memsets and a copy on a stream, replays the graph): both
+# runs must complete with bit-identical outputs, thawd must list the first run's graphs
+# artifact, and the second run's shim summary line must be found and read. Whether the second
+# run's graph was handed back is not asserted there: the shim's transparent restore takes
+# kernel launches, and a fake without a kernel module cannot make one (the verdict's words are
+# printed). About 10 s more.
+#
+# usage: tests/tools/gpu-kit/torch/test-graph-step.sh [--node] [--build DIR] [--keep]
+#   --build  the build tree for --node (default build/default)
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../../../.." && pwd)
 SRC=$REPO/tools/gpu-kit
+B=$REPO/build/default
 KEEP=0
-[[ ${1:-} == --keep ]] && KEEP=1
+NODE=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --keep) KEEP=1; shift ;;
+    --node) NODE=1; shift ;;
+    --build) B=$2; shift 2 ;;
+    *) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
+  esac
+done
 T=$(mktemp -d /tmp/thaw-graph-step-test.XXXXXX)
 cleanup() { if ((KEEP)); then echo "work directory $T" >&2; else rm -rf "$T"; fi; }
 trap cleanup EXIT
@@ -126,6 +147,37 @@ elif ! grep -q '^| f CUDA graphs restored under PyTorch | skipped |' "$T/report/
   fail "run --emulator --only f: report.md lacks step f"
 else
   ok "run --emulator --only f: f skipped in report.json and report.md"
+fi
+
+# ------------------------------------------------------------- the node script, for real
+if ((NODE)); then
+  cp "$B/preload/libthaw-preload.so" "$KIT/lib/"  # a copy: a concurrent build cannot change it
+  cp "$HERE/fake_graph.py" "$KIT/share/torch/torch_graph.py"
+  cat >"$T/node.sh" <<NODE
+export KIT="$KIT" OUT="$T/node-out" GRAPH_RUN_TIMEOUT=60
+bash "$KIT/share/torch/run_graph_step.sh"
+NODE
+  timeout 240 "$REPO/tools/demo/run-demo.sh" --build "$B" --quick --registry dir --work "$T/work" \
+    --with-node "$T/node.sh" >"$T/node.log" 2>&1
+  rc=$?
+  V=$T/node-out/graphs.json
+  if ((rc != 0)) || [[ ! -s $V ]]; then
+    fail "the node script on the emulator: exit $rc, verdict: $(cat "$V" 2>/dev/null): $(tail -3 "$T/node.log")"
+  elif ! python3 - "$V" <<'EOP'; then
+import json, sys
+v = json.load(open(sys.argv[1]))
+f, problems = v["figures"], v["problems"]
+# The step's own duties: both runs, identical outputs, the artifact, the summary line read.
+assert f.get("graphs_artifacts") == 1 and f.get("graphs_artifact", "").startswith("1 graph, 3 nodes"), f
+assert f.get("second_captures") == 1, f
+own = [p for p in problems if not p.startswith(("the second run fell back", "the second run restored no graph"))]
+assert not own, own
+print("verdict on the emulator:", "passed" if v["passed"] else "; ".join(problems))
+EOP
+    fail "the node script on the emulator: unexpected verdict $(cat "$V")"
+  else
+    ok "the node script on the emulator: two runs, identical outputs, graphs artifact, summary read"
+  fi
 fi
 
 ((FAILS == 0)) || { echo "test-graph-step: $FAILS check(s) failed" >&2; exit 1; }
