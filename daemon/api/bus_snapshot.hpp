@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "daemon/network/network_config.hpp"
 #include "daemon/service/node_service.hpp"
 
 namespace thaw::daemon {
@@ -34,6 +35,8 @@ struct ManagerInfo {
   std::function<std::string()> state;
   std::function<std::uint64_t()> cache_bytes_used;
   std::uint64_t cache_budget_bytes = 0;
+  // Traffic shaping's state and counters (GetNetwork); null: shaping not part of this thawd.
+  std::function<NetStatus()> network;
 };
 
 // D-Bus types: s, t, u, d.

@@ -80,6 +80,7 @@ class NodeBus {
   static int method_list_slots(sd_bus_message* m, void* self, sd_bus_error* error);
   static int method_list_models(sd_bus_message* m, void* self, sd_bus_error* error);
   static int method_list_artifacts(sd_bus_message* m, void* self, sd_bus_error* error);
+  static int method_get_network(sd_bus_message* m, void* self, sd_bus_error* error);
   // Checks the sender against the access policy; < 0 (error set) when refused.
   int authorize(sd_bus_message* m, const char* action, sd_bus_error* error);
 

@@ -178,4 +178,32 @@ int NodeBus::method_list_artifacts(sd_bus_message* m, void* self, sd_bus_error*)
                      });
 }
 
+int NodeBus::method_get_network(sd_bus_message* m, void* self, sd_bus_error*) {
+  NodeBus* b = self_of(self);
+  const NetStatus st = b->manager_.network ? b->manager_.network() : NetStatus{};
+  sd_bus_message* reply = nullptr;
+  if (int r = sd_bus_message_new_method_return(m, &reply); r < 0) return r;
+  struct Unref {
+    sd_bus_message* m;
+    ~Unref() { sd_bus_message_unref(m); }
+  } unref{reply};
+  int r = sd_bus_message_append(reply, "bsstsut", static_cast<int>(st.enabled), st.detail.c_str(),
+                                st.device.c_str(), st.link_bytes_per_s, st.rates_from.c_str(),
+                                st.cold_starts, st.per_cold_start_bytes_per_s);
+  if (r < 0) return r;
+  if ((r = sd_bus_message_open_container(reply, 'a', "(stttttttt)")) < 0) return r;
+  for (std::size_t i = 0; i < kNetClassCount; ++i) {
+    const NetClassStatus& c = st.classes[i];
+    // The classifier's names (network::traffic_class_name), as metrics and thawctl show them.
+    static constexpr const char* kNames[kNetClassCount] = {"inference", "critical_fetch",
+                                                           "background_fetch", "other"};
+    r = sd_bus_message_append(reply, "(stttttttt)", kNames[i], c.rate_bytes_per_s,
+                              c.ceil_bytes_per_s, c.bytes[0], c.packets[0], c.drops[0], c.bytes[1],
+                              c.packets[1], c.drops[1]);
+    if (r < 0) return r;
+  }
+  if ((r = sd_bus_message_close_container(reply)) < 0) return r;
+  return sd_bus_send(nullptr, reply, nullptr);
+}
+
 }  // namespace thaw::daemon

@@ -239,6 +239,21 @@ std::expected<void, ConfigError> read_network(const Section& s, NetworkSettings&
     if (auto ok = read_class_rate(s, name + "_rate", out.classes[i].guaranteed); !ok) return ok;
     if (auto ok = read_class_rate(s, name + "_ceil", out.classes[i].ceil); !ok) return ok;
   }
+  if (const toml::node* n = s.get("inference_ports")) {
+    const toml::array* ports = n->as_array();
+    if (ports == nullptr) {
+      return bad(s.origin(), *n, s.key("inference_ports"),
+                 "must be an array of port numbers, e.g. [8000, 8080]");
+    }
+    for (const toml::node& p : *ports) {
+      const auto v = p.value<std::int64_t>();
+      if (!p.is_integer() || !v || *v < 1 || *v > 65535) {
+        return bad(s.origin(), p, s.key("inference_ports"),
+                   "every entry must be a port number in 1..65535");
+      }
+      out.inference_ports.push_back(static_cast<std::uint16_t>(*v));
+    }
+  }
   if (auto ok = validate_network_settings(out); !ok) {
     // Cross-key: the section's place, and the keys the message names.
     return Fail(ConfigError{fmt::format(
@@ -332,7 +347,7 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
                           "worker_preload", "worker_host"}),
         network.only({"shaping", "uplink", "link_rate", "inference_rate", "inference_ceil",
                       "critical_rate", "critical_ceil", "background_rate", "background_ceil",
-                      "other_rate", "other_ceil"})}) {
+                      "other_rate", "other_ceil", "inference_ports"})}) {
     if (!ok) return Fail(ok.error());
   }
   for (auto ok :

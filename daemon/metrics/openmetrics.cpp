@@ -22,6 +22,7 @@ class Writer {
     }
   }
   std::string finish() { return std::move(out_) + "# EOF\n"; }
+  std::string text() { return std::move(out_); }
 
  private:
   std::string out_;
@@ -29,8 +30,58 @@ class Writer {
 
 }  // namespace
 
+std::string render_network_openmetrics(const NetStatus& n) {
+  // The classifier's class names (network::traffic_class_name).
+  static constexpr const char* kNames[kNetClassCount] = {"inference", "critical_fetch",
+                                                         "background_fetch", "other"};
+  static constexpr const char* kDirections[2] = {"egress", "ingress"};
+  Writer w;
+  w.family("thaw_net_shaping_enabled", "gauge",
+           "1 when thawd's traffic classes shape the uplink, else 0 (the log says why).");
+  w.sample("thaw_net_shaping_enabled", n.enabled ? 1 : 0);
+  w.family("thaw_net_link_bytes_per_second", "gauge", "The uplink's rate shaping runs at.");
+  w.sample("thaw_net_link_bytes_per_second", n.link_bytes_per_s);
+  w.family("thaw_net_cold_starts", "gauge",
+           "Cold starts the coordinator placed on this node (its rates' N).");
+  w.sample("thaw_net_cold_starts", n.cold_starts);
+  w.family("thaw_net_class_rate_bytes_per_second", "gauge",
+           "Guaranteed rate of each traffic class now.");
+  for (std::size_t i = 0; i < kNetClassCount; ++i) {
+    w.sample("thaw_net_class_rate_bytes_per_second", n.classes[i].rate_bytes_per_s,
+             fmt::format("class=\"{}\"", kNames[i]));
+  }
+  w.family("thaw_net_class_ceil_bytes_per_second", "gauge",
+           "Most each traffic class may borrow up to now.");
+  for (std::size_t i = 0; i < kNetClassCount; ++i) {
+    w.sample("thaw_net_class_ceil_bytes_per_second", n.classes[i].ceil_bytes_per_s,
+             fmt::format("class=\"{}\"", kNames[i]));
+  }
+  struct Counter {
+    const char* name;
+    const char* help;
+    const std::array<std::uint64_t, 2> NetClassStatus::*field;
+  };
+  for (const Counter& c :
+       {Counter{"thaw_net_class_bytes", "Bytes of each traffic class on the uplink.",
+                &NetClassStatus::bytes},
+        Counter{"thaw_net_class_packets", "Packets of each traffic class on the uplink.",
+                &NetClassStatus::packets},
+        Counter{"thaw_net_class_drops", "Packets of each traffic class dropped by its queue.",
+                &NetClassStatus::drops}}) {
+    w.family(c.name, "counter", c.help);
+    for (std::size_t i = 0; i < kNetClassCount; ++i) {
+      for (std::size_t d = 0; d < 2; ++d) {
+        w.sample(fmt::format("{}_total", c.name), (n.classes[i].*c.field)[d],
+                 fmt::format("class=\"{}\",direction=\"{}\"", kNames[i], kDirections[d]));
+      }
+    }
+  }
+  return w.text();
+}
+
 std::string render_openmetrics(const NodeService& service, const ShimSocketCounters& shim,
-                               std::uint64_t cache_bytes_used, std::uint64_t cache_budget_bytes) {
+                               std::uint64_t cache_bytes_used, std::uint64_t cache_budget_bytes,
+                               const NetStatus& network) {
   const NodeCounters& c = service.counters();
   Writer w;
   w.family("thaw_fetched_bytes", "counter",
@@ -139,7 +190,7 @@ std::string render_openmetrics(const NodeService& service, const ShimSocketCount
   w.family("thaw_engine_kv_restore_fallbacks", "counter",
            "KV-cache lookups with no usable record (none, stale, corrupt): engines profiled.");
   w.sample("thaw_engine_kv_restore_fallbacks_total", shim.engine_kv_restore_fallbacks.load());
-  return w.finish();
+  return w.text() + render_network_openmetrics(network) + "# EOF\n";
 }
 
 }  // namespace thaw::daemon

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace thaw::daemon {
 
@@ -26,12 +27,6 @@ namespace thaw::daemon {
 enum class NetClass : std::uint8_t { inference = 0, critical = 1, background = 2, other = 3 };
 inline constexpr std::size_t kNetClassCount = 4;
 std::string_view to_string(NetClass cls);
-
-// SO_MARK values of thawd's fetch sockets. Until bpf/traffic_class.h exists these are
-// thawd's own; they must equal the classifier's (a test pins them). The high bits keep
-// them clear of marks firewalls commonly use (0x1..0xff).
-inline constexpr std::uint32_t kMarkCriticalFetch = 0x7a770001;
-inline constexpr std::uint32_t kMarkBackgroundFetch = 0x7a770002;
 
 // A class's rate as written: an absolute rate in bytes per second, or a share of the link.
 struct RateSetting {
@@ -56,6 +51,9 @@ struct NetworkSettings {
   std::string uplink;           // "" = the device of the default route
   std::uint64_t link_rate = 0;  // bytes/s; 0 = /sys/class/net/DEV/speed
   std::array<ClassSetting, kNetClassCount> classes = default_classes();
+  // Local TCP/UDP ports whose traffic is inference (the gateway's, engines' HTTP ports):
+  // recognised by port, so neither needs to mark its sockets.
+  std::vector<std::uint16_t> inference_ports;
 
   static constexpr std::array<ClassSetting, kNetClassCount> default_classes() {
     // network::default_shaping_settings's shares (daemon/network/traffic_shaper.hpp): the
@@ -118,5 +116,27 @@ struct ResolvedNetwork {
 // the link); everything else that prevents shaping gives enabled = false and why_off.
 std::expected<ResolvedNetwork, std::string> resolve_network(const NetworkSettings& s,
                                                             const NetworkProbe& probe);
+
+// What D-Bus (GetNetwork), the metrics and `thawctl net` show: the shaper's state, the rates
+// in force and the classifier's counters.
+struct NetClassStatus {
+  std::uint64_t rate_bytes_per_s = 0;  // guaranteed, in force now
+  std::uint64_t ceil_bytes_per_s = 0;
+  // [0] egress (uploads), [1] ingress (downloads)
+  std::array<std::uint64_t, 2> bytes{}, packets{}, drops{};
+};
+
+struct NetStatus {
+  bool enabled = false;  // the classifier is attached and shaping
+  std::string detail;    // what is attached where, or why shaping is off
+  std::string device;
+  std::uint64_t link_bytes_per_s = 0;
+  // "config" ([network]) or "coordinator" (its last per-node rates, see ClassRates in
+  // common/proto/cluster/cluster.proto)
+  std::string rates_from = "config";
+  std::uint32_t cold_starts = 0;                 // the coordinator's N for this node
+  std::uint64_t per_cold_start_bytes_per_s = 0;  // its equal share B_c / N (0: N = 0)
+  std::array<NetClassStatus, kNetClassCount> classes{};
+};
 
 }  // namespace thaw::daemon

@@ -7,6 +7,7 @@
 #include "daemon/log/log.hpp"
 #include "daemon/service/node_service_state.hpp"
 #include "daemon/store/cache/cache_layout.hpp"
+#include "daemon/store/registry/socket_tagging.hpp"
 
 namespace thaw::daemon {
 
@@ -91,6 +92,7 @@ ServiceResult<std::shared_ptr<NodeService::FetchJob>> NodeService::start_fetch_l
   options.fetcher.connections_per_file = options.fetcher.max_connections;
   options.fetcher.rate_limits[static_cast<std::size_t>(store::FetchClass::critical)] =
       store::RateLimit{config_.max_rate_bytes_per_s, 0};
+  if (config_.mark_fetch_sockets) options.fetcher.socket_tags = store::shaper_socket_tags();
   options.on_plan = [weak = std::weak_ptr<FetchJob>(job)](const safetensors::FetchPlan&) {
     if (auto j = weak.lock()) j->mark_plan_known();
   };

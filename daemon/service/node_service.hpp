@@ -150,6 +150,10 @@ struct NodeServiceConfig {
   std::uint32_t connections = 8;
   std::uint64_t max_rate_bytes_per_s = 0;  // per fetch; 0 = no limit
   bool allow_unverified = false;           // fetch models published without digests
+  // Traffic shaping runs: fetch sockets carry their class's SO_MARK (critical for a stage
+  // or a cold start, background for consolidation) for the classifier. Off without it:
+  // SO_MARK needs CAP_NET_ADMIN, and a fetch that cannot set it fails.
+  bool mark_fetch_sockets = false;
 };
 
 class NodeService {

@@ -4,7 +4,7 @@
 set -e
 prog=$1
 case $prog in
-  thawctl) subs="status gpus slots models artifacts fetch prewarm activate deactivate evict wait cluster
+  thawctl) subs="status gpus slots models artifacts net fetch prewarm activate deactivate evict wait cluster
                  cluster_deploy cluster_cold-start cluster_load cluster_state" ;;
   thaw-fetch) subs="fetch publish status" ;;
   thaw-coordinator) subs="keygen serve" ;;

@@ -28,5 +28,7 @@ int slot_action(sd_bus* bus, const char* method, const std::string& slot, const 
 int wait_model(sd_bus* bus, const std::string& model, const Options& o);
 // Engines' recorded artifacts, of `model` (its cache key or registry name) or "" for all.
 int artifacts(sd_bus* bus, const std::string& model, const Options& o);
+// Traffic shaping on the uplink: on/off and why, rates per class and their source, counters.
+int net(sd_bus* bus, const Options& o);
 
 }  // namespace thawctl

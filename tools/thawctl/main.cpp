@@ -7,6 +7,7 @@
 //     activate SLOT [--kv-bytes SIZE] | deactivate SLOT | evict SLOT
 //     wait MODEL [--timeout SECONDS]
 //     artifacts [MODEL]                engines' recorded artifacts (layout, kvcache, graphs)
+//     net                              traffic shaping: on/off and why, class rates, counters
 //     cluster deploy|cold-start|load|state   (thaw-coordinator's frontend endpoint, not D-Bus)
 //
 // Exit codes: 0 done; 1 thawd unreachable or it refused (the message says why); 2 bad
@@ -40,6 +41,10 @@ int main(int argc, char** argv) {
       "artifacts",
       "engines' recorded artifacts (layout, KV-cache sizing, CUDA graphs) and what each holds");
   artifacts_cmd->add_option("model", model, "only this model's (cache key or registry name)");
+  auto* net_cmd = app.add_subcommand(
+      "net",
+      "traffic shaping on the uplink: on or off (and why), each class's rate and ceiling, "
+      "whether the coordinator set them, bytes and drops per class and direction");
   auto* fetch_cmd = app.add_subcommand("fetch", "fetch a model into the node's cache");
   fetch_cmd->add_option("model", model, "registry name (\"gpt2\", \"org/name\") or cache key")
       ->required();
@@ -168,6 +173,7 @@ int main(int argc, char** argv) {
     if (evict_cmd->parsed()) return slot_action(b, "Evict", slot, o);
     if (wait_cmd->parsed()) return wait_model(b, model, o);
     if (artifacts_cmd->parsed()) return artifacts(b, model, o);
+    if (net_cmd->parsed()) return net(b, o);
   } catch (const Failure& f) {
     if (o.json) {
       fmt::print("{}\n", nlohmann::json{{"error", f.error_name}, {"message", f.message}}.dump());

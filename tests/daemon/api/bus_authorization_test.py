@@ -54,6 +54,7 @@ READ = {
     f"{MANAGER}.ListSlots",
     f"{MANAGER}.ListModels",
     f"{MANAGER}.ListArtifacts",
+    f"{MANAGER}.GetNetwork",
     f"{PROPS}.Get",
     f"{PROPS}.GetAll",
     "org.freedesktop.DBus.Introspectable.Introspect",

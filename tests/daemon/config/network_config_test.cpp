@@ -51,6 +51,8 @@ background_ceil = "2GB"
   EXPECT_EQ(s.classes[0].ceil, (RateSetting{0, 0.5}));
   EXPECT_EQ(s.classes[1].guaranteed, (RateSetting{0, 0.6}));
   EXPECT_EQ(s.classes[2].ceil, (RateSetting{2'000'000'000, 0}));
+  EXPECT_EQ(parse("inference_ports = [8000, 443]").inference_ports,
+            (std::vector<std::uint16_t>{8000, 443}));
   EXPECT_EQ(parse("shaping = false").mode, ShapingMode::off);
   EXPECT_EQ(parse("shaping = \"auto\"").mode, ShapingMode::automatic);
 }
@@ -71,6 +73,12 @@ TEST(NetworkConfig, BadValuesNameTheKeyAndWhatIsAccepted) {
   EXPECT_NE(error_of("uplink = \"averyveryverylongname\"").find("network.uplink"),
             std::string::npos);
   EXPECT_NE(error_of("ceil = \"1GB\"").find("network.ceil: unknown key"), std::string::npos);
+  EXPECT_NE(error_of("inference_ports = [0]")
+                .find("network.inference_ports: every entry must be a "
+                      "port number in 1..65535"),
+            std::string::npos);
+  EXPECT_NE(error_of("inference_ports = 8000").find("must be an array of port numbers"),
+            std::string::npos);
 }
 
 TEST(NetworkConfig, CrossKeyChecksNameTheSectionAndTheKeys) {
