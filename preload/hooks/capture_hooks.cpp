@@ -14,6 +14,7 @@
 
 #include "preload/interpose/hook_table.hpp"
 #include "preload/interpose/real_driver.hpp"
+#include "preload/restore/transparent_capture.hpp"
 #include "preload/runtime/shim_runtime.hpp"
 #include "preload/shim/shim_state.hpp"
 
@@ -90,6 +91,8 @@ bool layout_active() {
 CUresult began(CUresult r, CUstream stream, CUstreamCaptureMode mode, bool per_thread) {
   if (r != CUDA_SUCCESS || ReentryGuard::inside()) return r;
   ReentryGuard guard;
+  // A capture whose launches may be a recorded graph's: elided (transparent_capture.hpp).
+  transparent_capture_began(stream, per_thread);
   GraphRecorder* graphs = config().disabled ? nullptr : runtime().graph_recorder();
   if (mode == CU_STREAM_CAPTURE_MODE_RELAXED && graphs == nullptr) return r;
   const std::optional<cuuint64_t> id = capture_id(stream, per_thread);
@@ -104,12 +107,21 @@ CUresult began(CUresult r, CUstream stream, CUstreamCaptureMode mode, bool per_t
 template <typename End>
 CUresult end(End end_capture, CUstream stream, CUgraph* graph, bool per_thread) {
   if (ReentryGuard::inside()) return end_capture();
+  // An elided capture (transparent_capture.hpp): either its kept launches are replayed now (the
+  // driver then returns the live graph) or the driver's empty graph is replaced by the
+  // restored one.
+  std::optional<TransparentEnd> restored;
+  if (eliding() && graph != nullptr) {
+    ReentryGuard guard;
+    restored = transparent_capture_ending(stream);
+  }
   GraphRecorder* graphs = config().disabled ? nullptr : runtime().graph_recorder();
   // Nothing kept (no restricting capture, or only relaxed ones) and nothing recorded.
-  if (!runtime().captures().any() && graphs == nullptr) return end_capture();
+  if (!restored && !runtime().captures().any() && graphs == nullptr) return end_capture();
   ReentryGuard guard;
   const std::optional<cuuint64_t> before = capture_id(stream, per_thread);
-  const CUresult r = end_capture();
+  CUresult r = end_capture();
+  if (restored) r = transparent_capture_ended(r, *graph, *restored, graph);
   // Whatever the answer, the capture is over once the stream no longer takes part in it.
   if (before && capture_id(stream, per_thread) != before) runtime().captures().ended(*before);
   if (r == CUDA_SUCCESS && before && graphs != nullptr && graph != nullptr && *graph != nullptr) {

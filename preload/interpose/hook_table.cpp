@@ -11,6 +11,14 @@
 #undef cuStreamBeginCapture
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuLaunchKernel
+#undef cuLaunchKernelEx
+#undef cuEventRecord
+#undef cuEventRecordWithFlags
+#undef cuStreamWaitEvent
+#undef cuLaunchHostFunc
+#undef cuGraphLaunch
+#undef cuGraphInstantiate
 
 // The hooks (preload/hooks/*.cpp), exported under the driver's names.
 extern "C" {
@@ -60,6 +68,24 @@ CUresult cuLibraryLoadData(CUlibrary*, const void*, CUjit_option*, void**, unsig
                            CUlibraryOption*, void**, unsigned int);
 CUresult cuLibraryLoadFromFile(CUlibrary*, const char*, CUjit_option*, void**, unsigned int,
                                CUlibraryOption*, void**, unsigned int);
+// launch_hooks.cpp
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void**, void**);
+CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void**, void**);
+CUresult cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig*, CUfunction, void**, void**);
+CUresult cuEventRecord(CUevent, CUstream);
+CUresult cuEventRecord_ptsz(CUevent, CUstream);
+CUresult cuEventRecordWithFlags(CUevent, CUstream, unsigned int);
+CUresult cuEventRecordWithFlags_ptsz(CUevent, CUstream, unsigned int);
+CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned int);
+CUresult cuStreamWaitEvent_ptsz(CUstream, CUevent, unsigned int);
+CUresult cuLaunchHostFunc(CUstream, CUhostFn, void*);
+CUresult cuLaunchHostFunc_ptsz(CUstream, CUhostFn, void*);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec*, CUgraph, unsigned long long);
 }
 
 namespace thaw::preload {
@@ -115,6 +141,21 @@ std::array<HookEntry, static_cast<std::size_t>(Hook::count)>& table() {
       {"cuModuleLoadFatBinary", reinterpret_cast<void*>(&::cuModuleLoadFatBinary), {}},
       {"cuLibraryLoadData", reinterpret_cast<void*>(&::cuLibraryLoadData), {}},
       {"cuLibraryLoadFromFile", reinterpret_cast<void*>(&::cuLibraryLoadFromFile), {}},
+      {"cuLaunchKernel", reinterpret_cast<void*>(&::cuLaunchKernel), {}},
+      {"cuLaunchKernel_ptsz", reinterpret_cast<void*>(&::cuLaunchKernel_ptsz), {}},
+      {"cuLaunchKernelEx", reinterpret_cast<void*>(&::cuLaunchKernelEx), {}},
+      {"cuLaunchKernelEx_ptsz", reinterpret_cast<void*>(&::cuLaunchKernelEx_ptsz), {}},
+      {"cuEventRecord", reinterpret_cast<void*>(&::cuEventRecord), {}},
+      {"cuEventRecord_ptsz", reinterpret_cast<void*>(&::cuEventRecord_ptsz), {}},
+      {"cuEventRecordWithFlags", reinterpret_cast<void*>(&::cuEventRecordWithFlags), {}},
+      {"cuEventRecordWithFlags_ptsz", reinterpret_cast<void*>(&::cuEventRecordWithFlags_ptsz), {}},
+      {"cuStreamWaitEvent", reinterpret_cast<void*>(&::cuStreamWaitEvent), {}},
+      {"cuStreamWaitEvent_ptsz", reinterpret_cast<void*>(&::cuStreamWaitEvent_ptsz), {}},
+      {"cuLaunchHostFunc", reinterpret_cast<void*>(&::cuLaunchHostFunc), {}},
+      {"cuLaunchHostFunc_ptsz", reinterpret_cast<void*>(&::cuLaunchHostFunc_ptsz), {}},
+      {"cuGraphLaunch", reinterpret_cast<void*>(&::cuGraphLaunch), {}},
+      {"cuGraphLaunch_ptsz", reinterpret_cast<void*>(&::cuGraphLaunch_ptsz), {}},
+      {"cuGraphInstantiateWithFlags", reinterpret_cast<void*>(&::cuGraphInstantiateWithFlags), {}},
   }};
   return t;
 }

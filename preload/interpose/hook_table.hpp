@@ -57,6 +57,21 @@ enum class Hook : std::size_t {
   module_load_fat_binary,
   library_load_data,
   library_load_from_file,
+  launch_kernel,
+  launch_kernel_ptsz,
+  launch_kernel_ex,
+  launch_kernel_ex_ptsz,
+  event_record,
+  event_record_ptsz,
+  event_record_with_flags,
+  event_record_with_flags_ptsz,
+  stream_wait_event,
+  stream_wait_event_ptsz,
+  launch_host_func,
+  launch_host_func_ptsz,
+  graph_launch,
+  graph_launch_ptsz,
+  graph_instantiate_with_flags,
   count
 };
 

@@ -189,7 +189,11 @@ std::expected<GraphRestore::Plan, GraphRestoreResult> GraphRestore::plan_locked(
         refuse(GraphStatus::none,
                fmt::format("thawd's graphs record has no graph labelled \"{}\"", label)));
   }
-  const RecordedGraph& g = *found;
+  return plan_graph_locked(driver, *found);
+}
+
+std::expected<GraphRestore::Plan, GraphRestoreResult> GraphRestore::plan_graph_locked(
+    GraphBuildDriver& driver, const RecordedGraph& g) {
   if (auto why = env_.not_following()) {
     return std::unexpected(
         refuse(GraphStatus::stale, "this run does not follow its layout record: " + *why));
@@ -443,6 +447,12 @@ void GraphRestore::shutdown() {
       if (!p.building && p.exec != nullptr) unclaimed.emplace_back(label, p.exec);
     }
     prebuilt_.clear();
+    for (auto& [position, p] : transparent_prebuilt_) {
+      if (p.building || worker_driver_ == nullptr) continue;
+      if (p.exec != nullptr) (void)worker_driver_->exec_destroy(p.exec);
+      if (p.graph != nullptr) (void)worker_driver_->graph_destroy(p.graph);
+    }
+    transparent_prebuilt_.clear();
   }
   for (const auto& [label, exec] : unclaimed) {
     if (worker_driver_ != nullptr) (void)worker_driver_->exec_destroy(exec);
@@ -478,6 +488,7 @@ void GraphRestore::worker_main() {
       }
       fetch_in_background();
       ahead = prebuild();
+      ahead = prebuild_transparent() || ahead;
     }
   };
   if (env_.worker_scope) {
@@ -652,6 +663,256 @@ void GraphRestore::reset_after_fork() {
   asked_.clear();
   tried_.clear();
   prebuilt_labels_.clear();
+  transparent_used_.clear();
+  transparent_prebuilt_.clear();  // the parent's graphs, not the child's
+  transparent_tried_.clear();
+}
+
+// --- Transparent restore ---
+
+void GraphRestore::enable_transparent(bool on) {
+  {
+    std::lock_guard lock(mutex_);
+    transparent_on_ = on;
+  }
+  poke();
+}
+
+std::optional<std::vector<std::uint32_t>> GraphRestore::chain_of(const RecordedGraph& g) {
+  const std::size_t n = g.nodes.size();
+  if (n == 0 || g.edges.size() != n - 1) return std::nullopt;
+  std::vector<int> next(n, -1), in(n, 0);
+  for (const graphs::RecordedEdge& e : g.edges) {
+    if (next[e.from] != -1 || in[e.to] != 0) return std::nullopt;
+    next[e.from] = static_cast<int>(e.to);
+    in[e.to] = 1;
+  }
+  const auto root = std::find(in.begin(), in.end(), 0);
+  if (root == in.end() || std::count(in.begin(), in.end(), 0) != 1) return std::nullopt;
+  std::vector<std::uint32_t> chain;
+  for (int at = static_cast<int>(root - in.begin()); at != -1; at = next[at]) {
+    chain.push_back(static_cast<std::uint32_t>(at));
+  }
+  if (chain.size() != n) return std::nullopt;  // the codec refuses cycles; kept for safety
+  return chain;
+}
+
+namespace {
+
+// What the elision compares launches with: kernel nodes only (memsets and memcpys are captured
+// by the driver and so fall back).
+std::optional<std::string> not_elidable(const RecordedGraph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    if (!g.nodes[i].kernel) {
+      return fmt::format("node {} is a {} node (only kernel launches are elided)", i,
+                         graphs::to_string(g.nodes[i].type));
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::expected<GraphRestore::TransparentMatch, GraphRestore::TransparentRefusal>
+GraphRestore::transparent_candidate(GraphBuildDriver& driver) {
+  std::unique_lock lock(mutex_);
+  if (!transparent_on_) return std::unexpected(TransparentRefusal{"off", "switched off", false});
+  const Fetched& fetched = fetch_locked(lock);
+  if (fetched.status != GraphStatus::ok) {
+    return std::unexpected(TransparentRefusal{std::string(to_string(fetched.status)), fetched.why,
+                                              fetched.status == GraphStatus::corrupt});
+  }
+  auto refuse_t = [](std::string reason, std::string why) {
+    return std::unexpected(TransparentRefusal{std::move(reason), std::move(why), true});
+  };
+  const std::vector<RecordedGraph>& graphs = fetched_->record->graphs;
+  const std::uint64_t now = env_.allocations();
+  std::optional<TransparentRefusal> first_refusal;
+  for (std::size_t pos = 0; pos < graphs.size(); ++pos) {
+    const RecordedGraph& g = graphs[pos];
+    if (transparent_used_.contains(pos) || g.allocation_index != now) continue;
+    // A graph the engine was handed by the ABI is never captured.
+    if (!g.label.empty() && std::find(restored_labels_.begin(), restored_labels_.end(), g.label) !=
+                                restored_labels_.end()) {
+      continue;
+    }
+    auto chain = chain_of(g);
+    if (!chain) {
+      if (!first_refusal) {
+        first_refusal = TransparentRefusal{
+            "not a chain",
+            fmt::format("recorded graph {} is not a single chain (a multi-stream capture)",
+                        g.index),
+            true};
+      }
+      continue;
+    }
+    if (auto why = not_elidable(g)) {
+      if (!first_refusal) {
+        first_refusal = TransparentRefusal{
+            "node kind", fmt::format("recorded graph {}: {}", g.index, *why), true};
+      }
+      continue;
+    }
+    transparent_used_.insert(pos);  // taken, whatever follows
+    auto plan = plan_graph_locked(driver, g);
+    if (!plan) {
+      return refuse_t(std::string(to_string(plan.error().status)),
+                      fmt::format("recorded graph {}: {}", g.index, plan.error().why));
+    }
+    TransparentMatch m;
+    m.position = pos;
+    m.graph = &g;
+    m.functions = std::move(plan->functions);
+    m.chain = std::move(*chain);
+    return m;
+  }
+  if (first_refusal) return std::unexpected(*first_refusal);
+  if (auto why = env_.not_following()) {
+    return refuse_t("stale", "this run does not follow its layout record: " + *why);
+  }
+  return refuse_t("allocation index",
+                  fmt::format("no unused recorded graph was captured after {} allocations", now));
+}
+
+std::expected<GraphRestore::TransparentGraph, std::string> GraphRestore::transparent_take(
+    GraphBuildDriver& driver, const TransparentMatch& match) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] {
+    const auto it = transparent_prebuilt_.find(match.position);
+    return it == transparent_prebuilt_.end() || !it->second.building;
+  });
+  std::optional<TransparentPrebuilt> ready;
+  if (auto it = transparent_prebuilt_.find(match.position); it != transparent_prebuilt_.end()) {
+    ready = std::move(it->second);
+    transparent_prebuilt_.erase(it);
+  }
+  auto discard = [&] {
+    if (!ready) return;
+    if (ready->exec != nullptr) (void)driver.exec_destroy(ready->exec);
+    if (ready->graph != nullptr) (void)driver.graph_destroy(ready->graph);
+    ready.reset();
+  };
+  // Every check again, now: the layout followed, the allocation index, the pointers live.
+  auto plan = plan_graph_locked(driver, *match.graph);
+  if (!plan) {
+    discard();
+    return std::unexpected(plan.error().why);
+  }
+  if (plan->functions != match.functions) {
+    discard();
+    return std::unexpected("its kernels are not the functions they resolved to at the begin");
+  }
+  CUcontext ctx = nullptr;
+  if (driver.current_context(ctx) != CUDA_SUCCESS || ctx == nullptr) {
+    discard();
+    return std::unexpected("the calling thread has no current CUDA context");
+  }
+  if (ready && (ready->ctx != ctx || ready->plan.functions != plan->functions)) discard();
+  if (ready) {
+    return TransparentGraph{ready->graph, ready->exec, ready->flags, true};
+  }
+  lock.unlock();
+  GraphRestoreResult built = build_planned(driver, *plan, ctx);
+  if (built.status != GraphStatus::ok) return std::unexpected(built.why);
+  return TransparentGraph{built.graph, nullptr, 0, false};
+}
+
+void GraphRestore::transparent_drop(GraphBuildDriver& driver, std::size_t position) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] {
+    const auto it = transparent_prebuilt_.find(position);
+    return it == transparent_prebuilt_.end() || !it->second.building;
+  });
+  const auto it = transparent_prebuilt_.find(position);
+  if (it == transparent_prebuilt_.end()) return;
+  TransparentPrebuilt p = std::move(it->second);
+  transparent_prebuilt_.erase(it);
+  lock.unlock();
+  if (p.exec != nullptr) (void)driver.exec_destroy(p.exec);
+  if (p.graph != nullptr) (void)driver.graph_destroy(p.graph);
+}
+
+void GraphRestore::transparent_flags_seen(unsigned long long flags) {
+  std::lock_guard lock(mutex_);
+  flags_guess_ = flags;
+}
+
+bool GraphRestore::prebuild_transparent() {
+  GraphBuildDriver& driver = *worker_driver_;
+  bool ahead = false;
+  std::unique_lock lock(mutex_);
+  while (true) {
+    if (!transparent_on_ || uses_abi_ || engine_ctx_ == nullptr || !fetched_ ||
+        fetched_->status != GraphStatus::ok) {
+      return false;  // at the next poke
+    }
+    if (env_.not_following()) return false;  // for good
+    const std::uint64_t now = env_.allocations();
+    const std::vector<RecordedGraph>& graphs = fetched_->record->graphs;
+    std::optional<std::size_t> next;
+    for (std::size_t pos = 0; pos < graphs.size(); ++pos) {  // capture order
+      const RecordedGraph& g = graphs[pos];
+      if (transparent_used_.contains(pos) || transparent_prebuilt_.contains(pos)) continue;
+      if (g.allocation_index > now) {
+        ahead = true;
+        continue;
+      }
+      if (g.allocation_index < now) continue;
+      if (const auto t = transparent_tried_.find(pos);
+          t != transparent_tried_.end() && t->second == std::pair{now, loads_}) {
+        continue;
+      }
+      if (!chain_of(g) || not_elidable(g)) continue;
+      next = pos;
+      break;
+    }
+    if (!next) return ahead;
+    const std::size_t pos = *next;
+    if (engine_ctx_ != worker_ctx_) {
+      if (driver.set_current_context(engine_ctx_) != CUDA_SUCCESS) return false;
+      worker_ctx_ = engine_ctx_;
+    }
+    auto plan = plan_graph_locked(driver, graphs[pos]);
+    if (!plan) {
+      transparent_tried_[pos] = {now, loads_};
+      continue;
+    }
+    const CUcontext ctx = engine_ctx_;
+    const unsigned long long flags = flags_guess_;
+    transparent_prebuilt_[pos] = TransparentPrebuilt{};  // building: a take waits for it
+    lock.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
+    GraphRestoreResult r = build_planned(driver, *plan, ctx);
+    CUgraphExec exec = nullptr;
+    if (r.status == GraphStatus::ok && driver.instantiate(r.graph, flags, exec) != CUDA_SUCCESS) {
+      (void)driver.graph_destroy(r.graph);
+      r.status = GraphStatus::mismatch;
+      r.why = "cuGraphInstantiateWithFlags refused the rebuilt graph";
+    }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    say(r.status == GraphStatus::ok
+            ? fmt::format("restore: recorded graph {} pre-built for a transparent restore: {} "
+                          "nodes, {:.3f} ms",
+                          graphs[pos].index, r.nodes, ms)
+            : fmt::format("restore: recorded graph {} not pre-built: {}", graphs[pos].index,
+                          r.why));
+    lock.lock();
+    if (r.status == GraphStatus::ok) {
+      TransparentPrebuilt& p = transparent_prebuilt_[pos];
+      p.building = false;
+      p.graph = r.graph;
+      p.exec = exec;
+      p.plan = std::move(*plan);
+      p.ctx = ctx;
+      p.flags = flags;
+    } else {
+      transparent_prebuilt_.erase(pos);
+      transparent_tried_[pos] = {now, loads_};
+    }
+    changed_.notify_all();
+  }
 }
 
 }  // namespace thaw::preload::restore

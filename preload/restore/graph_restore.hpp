@@ -43,6 +43,15 @@
 // request, as before. Graphs are built with the kernel parameters pointing into the recorded
 // bytes and the recorded edges; the CUgraph is destroyed once instantiated.
 //
+// Transparent restore (no engine change; preload/restore/transparent_capture.hpp elides the
+// launches): at cuStreamBeginCapture transparent_candidate() names the first recorded graph not
+// yet used whose allocation index is the layout's count now, that is a single chain (one
+// stream) of kernel nodes and passes every check above; the worker pre-builds such graphs —
+// the CUgraph kept, and an exec instantiated with the flags last seen — once their allocation
+// index is reached (only while the engine does not use the ABI, which asks by label instead);
+// transparent_take() hands one out at the end of a fully matched capture after the checks are
+// made again, building it then if the worker has not.
+//
 // The driver and the run's layout come in through GraphBuildDriver and
 // GraphRestoreEnvironment, so the logic is testable without either.
 #pragma once
@@ -181,6 +190,42 @@ class GraphRestore {
   // The worker stops and is joined; the pre-built graphs nobody asked for are destroyed.
   // Idempotent; the destructor calls it.
   void shutdown();
+  // --- Transparent restore ---
+  // A recorded graph a capture may be: its launches are compared with `chain` in order.
+  struct TransparentMatch {
+    std::size_t position = 0;  // in the record's graphs
+    const graphs::RecordedGraph* graph = nullptr;
+    std::vector<CUfunction> functions;  // per node (kernels; null otherwise)
+    std::vector<std::uint32_t> chain;   // node indices, in launch order
+  };
+  // Why a capture is not elided: a short reason (the counters' key) and the whole line.
+  struct TransparentRefusal {
+    std::string reason;
+    std::string why;
+    bool record = false;  // a graphs record was there (the capture counts in the summary)
+  };
+  struct TransparentGraph {
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;  // null when built at the take (nothing instantiated yet)
+    unsigned long long flags = 0;
+    bool prebuilt = false;
+  };
+  void enable_transparent(bool on);
+  // At the begin of a capture (the calling thread's context current): the graph it may be,
+  // marked used, or why none.
+  std::expected<TransparentMatch, TransparentRefusal> transparent_candidate(
+      GraphBuildDriver& driver);
+  // At the end of a capture that matched `match` completely: its graph, checked again now.
+  std::expected<TransparentGraph, std::string> transparent_take(GraphBuildDriver& driver,
+                                                                const TransparentMatch& match);
+  // The capture fell back: what the worker built for it is destroyed.
+  void transparent_drop(GraphBuildDriver& driver, std::size_t position);
+  // The engine instantiated a graph with `flags`: the worker instantiates the next ones so.
+  void transparent_flags_seen(unsigned long long flags);
+  // Whether a recorded graph is a single chain (every node at most one edge in and one out,
+  // all connected); its node indices in order.
+  static std::optional<std::vector<std::uint32_t>> chain_of(const graphs::RecordedGraph& g);
+
   // The labels the worker has pre-built so far (tests).
   std::vector<std::string> prebuilt_labels() const;
 
@@ -213,6 +258,10 @@ class GraphRestore {
   };
   Fetched fetch_record(const graphs::GraphIdentity& id) const;  // without the lock
   const Fetched& fetch_locked(std::unique_lock<std::mutex>& lock);
+  // The checks of one recorded graph, under mutex_.
+  std::expected<Plan, GraphRestoreResult> plan_graph_locked(GraphBuildDriver& driver,
+                                                            const graphs::RecordedGraph& g);
+  bool prebuild_transparent();
   // The checks, under mutex_: the graph labelled `label` may be built now, or why not.
   std::expected<Plan, GraphRestoreResult> plan_locked(GraphBuildDriver& driver,
                                                       std::string_view label);
@@ -255,6 +304,19 @@ class GraphRestore {
   // Labels the worker tried and could not build: at (allocations, loads).
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>, std::less<>> tried_;
   std::vector<std::string> prebuilt_labels_;
+  // Transparent restore, under mutex_.
+  struct TransparentPrebuilt {
+    bool building = true;
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    Plan plan;
+    CUcontext ctx = nullptr;
+    unsigned long long flags = 0;
+  };
+  bool transparent_on_ = false;
+  std::set<std::size_t> transparent_used_;  // record positions a capture took
+  std::map<std::size_t, TransparentPrebuilt> transparent_prebuilt_;
+  std::map<std::size_t, std::pair<std::uint64_t, std::uint64_t>> transparent_tried_;
   std::condition_variable changed_;  // with mutex_: a fetch or a pre-build finished
   // Waking the worker: a leaf lock (nothing is called under it; taken after mutex_).
   std::mutex wake_mutex_;

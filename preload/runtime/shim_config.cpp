@@ -41,6 +41,7 @@ ShimConfig read_shim_config() {
   }
   if (const char* v = env("THAW_PRELOAD_ATTACH")) c.attach = is(v, "1");
   if (const char* v = env("THAW_PRELOAD_LEASE")) c.lease = !is(v, "0");
+  if (const char* v = env("THAW_PRELOAD_TRANSPARENT_GRAPHS")) c.transparent_graphs = !is(v, "0");
   if (const char* v = env("THAW_PRELOAD_READ_TIMEOUT")) {
     if (const long s = std::atol(v); s > 0) c.read_timeout = std::chrono::seconds(s);
   }

@@ -11,6 +11,8 @@
 //                                    weights come from the slot (preload/inject)
 //   THAW_PRELOAD_LEASE=0             do not ask thawd for pool memory at the first
 //                                    allocation (ShimRuntime::lease_pool_memory_once)
+//   THAW_PRELOAD_TRANSPARENT_GRAPHS=0 capture CUDA graphs live even when a graphs record exists
+//                                    (no transparent restore; the restore ABI still answers)
 //   THAW_PRELOAD_READ_TIMEOUT=S      how long a read of a streamed file waits (default 600)
 //   THAW_ENGINE_ID=name              part of the engine's fingerprint (layout records)
 //   THAW_SOCKET=path                 thawd's shim socket (default /run/thaw/thawd.sock)
@@ -30,6 +32,9 @@ struct ShimConfig {
   std::uint64_t va_base = 0x200000000000ull;
   bool attach = false;
   bool lease = true;
+  // Transparent CUDA-graph restore (preload/restore/transparent_capture.hpp), on when a graphs
+  // record exists; THAW_PRELOAD_TRANSPARENT_GRAPHS=0 turns it off.
+  bool transparent_graphs = true;
   std::chrono::nanoseconds read_timeout = std::chrono::seconds(600);
   std::string engine_id;  // empty: not set
   std::string socket_path = "/run/thaw/thawd.sock";

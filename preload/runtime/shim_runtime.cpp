@@ -10,6 +10,7 @@
 #include "common/graphs/graph_record.hpp"
 #include "preload/interpose/real_driver.hpp"
 #include "preload/restore/shim_kv_environment.hpp"
+#include "preload/restore/transparent_capture.hpp"
 #include "preload/runtime/driver_graph_queries.hpp"
 #include "preload/thawd_client/thawd_client.hpp"
 
@@ -108,7 +109,9 @@ ShimRuntime::ShimRuntime()
     : config_(read_shim_config()),
       layout_on_(config_.deterministic && !config_.disabled),
       kv_restore_(shim_kv_environment()),
-      graph_restore_(graph_restore_environment()) {}
+      graph_restore_(graph_restore_environment()) {
+  graph_restore_.enable_transparent(config_.transparent_graphs && !config_.disabled);
+}
 
 // Reads the layout and its recorder as built (never builds them: GraphRestore calls this under
 // its lock, which is taken before theirs and never after build_mutex_).
@@ -380,6 +383,7 @@ void ShimRuntime::on_exit() {
   ReentryGuard guard;
   // The graph restore's worker stops first; what it pre-built and nobody took is destroyed.
   graph_restore_.shutdown();
+  transparent_summary_at_exit();
   if (LayoutRecorder* r = recorder_.load()) {
     switch (r->finish()) {
       case LayoutRecorder::Outcome::stored:

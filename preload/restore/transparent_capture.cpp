@@ -1,0 +1,450 @@
+#include "preload/restore/transparent_capture.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "preload/interpose/real_driver.hpp"
+#include "preload/restore/shim_kv_environment.hpp"
+#include "preload/runtime/shim_runtime.hpp"
+#include "preload/shim/shim_state.hpp"
+
+namespace thaw::preload {
+
+namespace {
+
+using restore::GraphRestore;
+using transparent_detail::g_eliding;
+using transparent_detail::g_handed;
+
+template <typename Fn>
+Fn driver_fn(const char* name) {
+  return reinterpret_cast<Fn>(driver_symbol(name));
+}
+
+// A launch the elision kept: its arguments deep-copied.
+struct KeptLaunch {
+  LaunchKernelFn real = nullptr;
+  CUfunction f = nullptr;
+  unsigned grid[3]{}, block[3]{}, shared = 0;
+  CUstream stream = nullptr;
+  std::vector<std::uint8_t> bytes;     // the parameters, laid out as the record's slots
+  std::vector<std::uint32_t> offsets;  // of each parameter in bytes
+};
+
+struct Elision {
+  CUstream stream = nullptr;
+  bool per_thread = false;
+  GraphRestore::TransparentMatch match;
+  std::size_t next = 0;  // chain position of the next launch
+  std::vector<KeptLaunch> kept;
+};
+
+struct State {
+  std::mutex mutex;
+  std::vector<Elision> active;
+  struct Handed {
+    CUgraphExec exec = nullptr;
+    unsigned long long flags = 0;
+  };
+  std::map<CUgraph, Handed> handed;  // graphs handed back, not yet instantiated
+  std::uint64_t captures = 0, transparent = 0, fallbacks = 0;
+  std::map<std::string, std::uint64_t> reasons;
+  std::unique_ptr<restore::GraphBuildDriver> driver;  // the engine threads' (under mutex)
+  bool driver_tried = false;
+};
+
+State& state() {
+  static State* s = new State();  // used by exit handlers: never destroyed
+  return *s;
+}
+
+restore::GraphBuildDriver* build_driver(State& s) {
+  if (!s.driver_tried) {
+    s.driver_tried = true;
+    s.driver = shim_graph_build_driver();
+  }
+  return s.driver.get();
+}
+
+void count_fallback(State& s, const std::string& reason) {
+  ++s.fallbacks;
+  ++s.reasons[reason];
+  counters().graph_restore_fallbacks.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool default_stream(CUstream stream) {
+  return stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+// The graph the stream's capture records into, or null.
+CUgraph capture_graph(CUstream stream, bool per_thread) {
+  using V3 = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                          const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+  using V2 = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                          const CUgraphNode**, size_t*);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUgraph graph = nullptr;
+  if (auto v3 = driver_fn<V3>(per_thread ? "cuStreamGetCaptureInfo_v3_ptsz"
+                                         : "cuStreamGetCaptureInfo_v3")) {
+    if (v3(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr) != CUDA_SUCCESS)
+      return nullptr;
+  } else if (auto v2 = driver_fn<V2>(per_thread ? "cuStreamGetCaptureInfo_v2_ptsz"
+                                                : "cuStreamGetCaptureInfo_v2")) {
+    if (v2(stream, &status, nullptr, &graph, nullptr, nullptr) != CUDA_SUCCESS) return nullptr;
+  }
+  return status == CU_STREAM_CAPTURE_STATUS_NONE ? nullptr : graph;
+}
+
+// The nodes of `graph` (cuGraphGetNodes).
+std::vector<CUgraphNode> graph_nodes(CUgraph graph) {
+  using GetNodes = CUresult (*)(CUgraph, CUgraphNode*, size_t*);
+  auto get = driver_fn<GetNodes>("cuGraphGetNodes");
+  std::vector<CUgraphNode> out;
+  size_t n = 0;
+  if (get == nullptr || graph == nullptr || get(graph, nullptr, &n) != CUDA_SUCCESS) return out;
+  out.resize(n);
+  if (n > 0 && get(graph, out.data(), &n) != CUDA_SUCCESS) n = 0;
+  out.resize(n);
+  return out;
+}
+
+// How many nodes the driver captured on the elided stream meanwhile (calls the shim does not
+// hook: memcpys, memsets, ...).
+std::size_t captured_nodes(const Elision& e) {
+  return graph_nodes(capture_graph(e.stream, e.per_thread)).size();
+}
+
+std::vector<void*> param_pointers(KeptLaunch& k) {
+  std::vector<void*> p;
+  for (std::uint32_t off : k.offsets) p.push_back(k.bytes.data() + off);
+  return p;
+}
+
+// The kept launches into the real capture, in order: launched on the stream (nothing captured
+// meanwhile), else added as a chain before the nodes the driver captured already (the graph a
+// live capture would have given). Returns the first error.
+CUresult replay(Elision& e, std::string& why) {
+  if (e.kept.empty()) return CUDA_SUCCESS;
+  CUgraph graph = capture_graph(e.stream, e.per_thread);
+  const std::vector<CUgraphNode> present = graph_nodes(graph);
+  if (present.empty()) {
+    for (KeptLaunch& k : e.kept) {
+      std::vector<void*> p = param_pointers(k);
+      const CUresult r =
+          k.real(k.f, k.grid[0], k.grid[1], k.grid[2], k.block[0], k.block[1], k.block[2], k.shared,
+                 k.stream, p.empty() ? nullptr : p.data(), nullptr);
+      if (r != CUDA_SUCCESS) {
+        why = fmt::format("replaying a kept launch failed: CUresult {}", static_cast<int>(r));
+        return r;
+      }
+    }
+    e.kept.clear();
+    return CUDA_SUCCESS;
+  }
+  // The roots of what the driver captured: nodes without an edge in.
+  using GetEdges = CUresult (*)(CUgraph, CUgraphNode*, CUgraphNode*, size_t*);
+  using AddKernel = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                                 const CUDA_KERNEL_NODE_PARAMS*);
+  using AddDeps = CUresult (*)(CUgraph, const CUgraphNode*, const CUgraphNode*, size_t);
+  auto edges = driver_fn<GetEdges>("cuGraphGetEdges");
+  auto add_kernel = driver_fn<AddKernel>("cuGraphAddKernelNode_v2");
+  if (add_kernel == nullptr) add_kernel = driver_fn<AddKernel>("cuGraphAddKernelNode");
+  auto add_deps = driver_fn<AddDeps>("cuGraphAddDependencies");
+  if (edges == nullptr || add_kernel == nullptr || add_deps == nullptr) {
+    why = "the driver lacks cuGraphGetEdges / cuGraphAddKernelNode / cuGraphAddDependencies";
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  size_t n = 0;
+  if (CUresult r = edges(graph, nullptr, nullptr, &n); r != CUDA_SUCCESS) return r;
+  std::vector<CUgraphNode> from(n), to(n);
+  if (n > 0) {
+    if (CUresult r = edges(graph, from.data(), to.data(), &n); r != CUDA_SUCCESS) return r;
+  }
+  std::vector<CUgraphNode> roots;
+  for (CUgraphNode node : present) {
+    if (std::find(to.begin(), to.begin() + static_cast<long>(n), node) == to.begin() + n)
+      roots.push_back(node);
+  }
+  CUcontext ctx = nullptr;
+  if (auto get = driver_fn<CUresult (*)(CUcontext*)>("cuCtxGetCurrent")) (void)get(&ctx);
+  CUgraphNode last = nullptr;
+  for (KeptLaunch& k : e.kept) {
+    std::vector<void*> p = param_pointers(k);
+    CUDA_KERNEL_NODE_PARAMS params{};
+    params.func = k.f;
+    params.gridDimX = k.grid[0];
+    params.gridDimY = k.grid[1];
+    params.gridDimZ = k.grid[2];
+    params.blockDimX = k.block[0];
+    params.blockDimY = k.block[1];
+    params.blockDimZ = k.block[2];
+    params.sharedMemBytes = k.shared;
+    params.kernelParams = p.empty() ? nullptr : p.data();
+    params.ctx = ctx;
+    CUgraphNode node = nullptr;
+    const CUresult r = add_kernel(&node, graph, last ? &last : nullptr, last ? 1 : 0, &params);
+    if (r != CUDA_SUCCESS) {
+      why = fmt::format("adding a kept launch to the capture failed: CUresult {}",
+                        static_cast<int>(r));
+      return r;
+    }
+    last = node;
+  }
+  for (CUgraphNode root : roots) {
+    if (CUresult r = add_deps(graph, &last, &root, 1); r != CUDA_SUCCESS) {
+      why =
+          fmt::format("ordering the kept launches first failed: CUresult {}", static_cast<int>(r));
+      return r;
+    }
+  }
+  e.kept.clear();
+  return CUDA_SUCCESS;
+}
+
+// Stops eliding `it` (under the lock): kept launches replayed, the pre-built graph dropped,
+// one line and a count.
+CUresult fall_back(State& s, std::vector<Elision>::iterator it, const std::string& reason,
+                   const std::string& detail) {
+  Elision e = std::move(*it);
+  s.active.erase(it);
+  g_eliding.fetch_sub(1, std::memory_order_relaxed);
+  std::string why;
+  const CUresult r = replay(e, why);
+  count_fallback(s, reason);
+  debug("graph restore: recorded graph {} captured live from node {} of {}: {}{}",
+        e.match.graph->index, e.next, e.match.chain.size(), detail,
+        why.empty() ? "" : " (" + why + ")");
+  if (restore::GraphBuildDriver* d = build_driver(s)) {
+    runtime().graph_restore().transparent_drop(*d, e.match.position);
+  }
+  return r;
+}
+
+std::vector<Elision>::iterator find(State& s, CUstream stream) {
+  return std::find_if(s.active.begin(), s.active.end(),
+                      [&](const Elision& e) { return e.stream == stream; });
+}
+
+// Why launch `k` is not recorded node `n` (of function `f`), or "".
+std::string differs(const graphs::KernelNode& n, CUfunction f, const KeptLaunch& k, void** params,
+                    void** extra) {
+  if (k.f != f) return fmt::format("another kernel than {}", n.kernel.name);
+  for (int d = 0; d < 3; ++d) {
+    if (k.grid[d] != n.grid[d] || k.block[d] != n.block[d])
+      return fmt::format("launch dimensions differ ({})", n.kernel.name);
+  }
+  if (k.shared != n.shared_bytes) return fmt::format("shared memory differs ({})", n.kernel.name);
+  if (extra != nullptr) return "parameters passed with 'extra' (not modelled)";
+  if (!n.params.empty() && params == nullptr) return "no kernel parameters";
+  for (std::size_t p = 0; p < n.params.size(); ++p) {
+    const graphs::ParamSlot& slot = n.params[p];
+    if (params[p] == nullptr ||
+        std::memcmp(params[p], n.param_bytes.data() + slot.offset, slot.size) != 0) {
+      return fmt::format("parameter {} of {} differs from the record", p, n.kernel.name);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+void transparent_capture_began(CUstream stream, bool per_thread) {
+  if (!config().transparent_graphs || config().disabled) return;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  restore::GraphBuildDriver* d = build_driver(s);
+  if (d == nullptr) return;
+  auto match = runtime().graph_restore().transparent_candidate(*d);
+  if (!match) {
+    if (!match.error().record) return;  // no graphs record: nothing to restore, nothing said
+    ++s.captures;
+    count_fallback(s, match.error().reason);
+    debug("graph restore: capture {} captured live: {}", s.captures, match.error().why);
+    return;
+  }
+  ++s.captures;
+  if (default_stream(stream) || find(s, stream) != s.active.end()) {
+    count_fallback(s, "default stream");
+    debug("graph restore: capture {} captured live: it captures a default stream", s.captures);
+    runtime().graph_restore().transparent_drop(*d, match->position);
+    return;
+  }
+  Elision e;
+  e.stream = stream;
+  e.per_thread = per_thread;
+  e.match = std::move(*match);
+  s.active.push_back(std::move(e));
+  g_eliding.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::optional<CUresult> transparent_launch(LaunchKernelFn real, CUfunction f, unsigned gx,
+                                           unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                           unsigned bz, unsigned shared, CUstream stream,
+                                           void** params, void** extra) {
+  if (ReentryGuard::inside()) return std::nullopt;
+  ReentryGuard guard;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  auto it = find(s, stream);
+  if (it == s.active.end()) return std::nullopt;
+  Elision& e = *it;
+  if (std::size_t n = captured_nodes(e); n != 0) {
+    const CUresult r = fall_back(s, it, "captured outside the shim",
+                                 fmt::format("the driver captured {} node(s) the shim does not "
+                                             "elide",
+                                             n));
+    if (r != CUDA_SUCCESS) return r;
+    return std::nullopt;
+  }
+  KeptLaunch k;
+  k.real = real;
+  k.f = f;
+  k.grid[0] = gx, k.grid[1] = gy, k.grid[2] = gz;
+  k.block[0] = bx, k.block[1] = by, k.block[2] = bz;
+  k.shared = shared;
+  k.stream = stream;
+  std::string why;
+  if (e.next >= e.match.chain.size()) {
+    why = "more launches than the recorded graph has nodes";
+  } else {
+    const std::uint32_t node = e.match.chain[e.next];
+    const graphs::KernelNode& n = *e.match.graph->nodes[node].kernel;
+    why = differs(n, e.match.functions[node], k, params, extra);
+    if (why.empty()) {
+      k.bytes = n.param_bytes;  // equal to the launch's, byte for byte
+      for (const graphs::ParamSlot& slot : n.params) k.offsets.push_back(slot.offset);
+    }
+  }
+  if (!why.empty()) {
+    const CUresult r = fall_back(s, it, "launch mismatch", why);
+    if (r != CUDA_SUCCESS) return r;
+    return std::nullopt;
+  }
+  e.kept.push_back(std::move(k));
+  ++e.next;
+  return CUDA_SUCCESS;
+}
+
+void transparent_unmodeled(CUstream stream, const char* what) {
+  if (ReentryGuard::inside()) return;
+  ReentryGuard guard;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  auto it = find(s, stream);
+  if (it == s.active.end()) return;
+  (void)fall_back(s, it, "unmodelled call", fmt::format("{} on the capturing stream", what));
+}
+
+std::optional<TransparentEnd> transparent_capture_ending(CUstream stream) {
+  if (!eliding()) return std::nullopt;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  auto it = find(s, stream);
+  if (it == s.active.end()) return std::nullopt;
+  Elision& e = *it;
+  if (std::size_t n = captured_nodes(e); n != 0) {
+    (void)fall_back(s, it, "captured outside the shim",
+                    fmt::format("the driver captured {} node(s) the shim does not elide", n));
+    return std::nullopt;
+  }
+  if (e.next != e.match.chain.size()) {
+    (void)fall_back(s, it, "ended early", "the capture ended before the recorded graph did");
+    return std::nullopt;
+  }
+  restore::GraphBuildDriver* d = build_driver(s);
+  auto taken = runtime().graph_restore().transparent_take(*d, e.match);
+  if (!taken) {
+    (void)fall_back(s, it, "checked at the end", *taken.error().c_str() ? taken.error() : "?");
+    return std::nullopt;
+  }
+  ++s.transparent;
+  counters().graphs_restored.fetch_add(1, std::memory_order_relaxed);
+  debug("graph restore: recorded graph {} restored transparently ({} nodes, {})",
+        e.match.graph->index, e.match.chain.size(),
+        taken->prebuilt ? "pre-built in the background" : "built at the end of the capture");
+  if (taken->exec != nullptr) {
+    s.handed[taken->graph] = State::Handed{taken->exec, taken->flags};
+    g_handed.fetch_add(1, std::memory_order_relaxed);
+  }
+  TransparentEnd end{taken->graph};
+  s.active.erase(it);
+  g_eliding.fetch_sub(1, std::memory_order_relaxed);
+  return end;
+}
+
+CUresult transparent_capture_ended(CUresult r, CUgraph driver_graph, const TransparentEnd& end,
+                                   CUgraph* out) {
+  using Destroy = CUresult (*)(CUgraph);
+  auto destroy = driver_fn<Destroy>("cuGraphDestroy");
+  if (r == CUDA_SUCCESS) {
+    if (driver_graph != nullptr && destroy != nullptr) (void)destroy(driver_graph);
+    *out = end.graph;
+    return r;
+  }
+  // The capture failed for the driver (invalidated): the engine sees that, as live.
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (auto h = s.handed.find(end.graph); h != s.handed.end()) {
+    if (auto exec_destroy = driver_fn<CUresult (*)(CUgraphExec)>("cuGraphExecDestroy"))
+      (void)exec_destroy(h->second.exec);
+    s.handed.erase(h);
+    g_handed.fetch_sub(1, std::memory_order_relaxed);
+  }
+  if (destroy != nullptr) (void)destroy(end.graph);
+  return r;
+}
+
+std::optional<CUresult> transparent_instantiate(CUgraphExec* exec, CUgraph graph,
+                                                unsigned long long flags) {
+  if (transparent_detail::g_handed.load(std::memory_order_relaxed) == 0) return std::nullopt;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  auto h = s.handed.find(graph);
+  if (h == s.handed.end()) return std::nullopt;
+  const State::Handed got = h->second;
+  s.handed.erase(h);
+  g_handed.fetch_sub(1, std::memory_order_relaxed);
+  runtime().graph_restore().transparent_flags_seen(flags);
+  if (exec == nullptr) return std::nullopt;  // the driver says what is wrong
+  if (got.flags != flags) {
+    if (auto exec_destroy = driver_fn<CUresult (*)(CUgraphExec)>("cuGraphExecDestroy"))
+      (void)exec_destroy(got.exec);
+    debug("graph restore: pre-instantiated graph not used: flags {:#x}, the engine's {:#x}",
+          got.flags, flags);
+    return std::nullopt;
+  }
+  *exec = got.exec;
+  return CUDA_SUCCESS;
+}
+
+void transparent_summary_at_exit() {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (auto exec_destroy = driver_fn<CUresult (*)(CUgraphExec)>("cuGraphExecDestroy")) {
+    for (auto& [graph, h] : s.handed) (void)exec_destroy(h.exec);
+  }
+  s.handed.clear();
+  if (s.captures == 0) return;
+  std::string line =
+      fmt::format("thaw: graph restore summary: captures={} transparent={} fallbacks={}",
+                  s.captures, s.transparent, s.fallbacks);
+  if (!s.reasons.empty()) {
+    line += " (";
+    bool first = true;
+    for (const auto& [reason, n] : s.reasons) {
+      line += fmt::format("{}{}: {}", first ? "" : ", ", reason, n);
+      first = false;
+    }
+    line += ")";
+  }
+  debug("{}", line);
+}
+
+}  // namespace thaw::preload

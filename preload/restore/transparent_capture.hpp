@@ -1,0 +1,73 @@
+// Transparent CUDA-graph restore (issue 24, part 2; no engine change): a stream capture whose
+// launches match a recorded graph is not recorded by the driver; its end hands back the graph
+// GraphRestore rebuilt from the record (pre-built by its worker), and cuGraphInstantiate the
+// executable graph the worker instantiated beforehand.
+//
+// The capture itself is begun and ended FOR REAL with the driver, so every query and every
+// call the shim does not hook keeps the driver's semantics. While a capture is elided the
+// kernel-launch hooks on its stream do not forward: each launch is compared with the next
+// node of the recorded chain (the function as GraphRestore resolves the record's module digest
+// + name, grid, block, dynamic shared memory, each parameter's bytes) and deep-copied (the
+// driver copies parameters at launch, so must the shim). The first mismatch — or a hooked call
+// on the stream the elision does not model (an event record or wait, cuLaunchKernelEx, host
+// functions, graph launches), or a node the driver captured meanwhile (checked at every elided
+// launch and at the end) — stops the elision: the kept launches are replayed into the real
+// capture in order (or, when the driver captured nodes already, added before them as a chain),
+// then the current call is forwarded; one log line says which graph, which node and why, and
+// the reason is counted. The result is always what a live capture gives.
+//
+// Hot path: with nothing elided each launch hook costs one relaxed atomic load (eliding()).
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+
+namespace thaw::preload {
+
+namespace transparent_detail {
+inline std::atomic<int> g_eliding{0};  // captures elided now
+inline std::atomic<int> g_handed{0};   // graphs handed back, not yet instantiated
+}  // namespace transparent_detail
+
+inline bool eliding() {
+  return transparent_detail::g_eliding.load(std::memory_order_relaxed) != 0;
+}
+
+// The real launch a kept call is replayed with.
+using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                    unsigned, unsigned, CUstream, void**, void**);
+
+// The capture hooks (after a successful begin, before the real end).
+void transparent_capture_began(CUstream stream, bool per_thread);
+// Before the real end: the graph to hand back instead of the driver's, or nullopt (the kept
+// launches, if any, were replayed: the real end returns the live graph).
+struct TransparentEnd {
+  CUgraph graph = nullptr;
+};
+std::optional<TransparentEnd> transparent_capture_ending(CUstream stream);
+// After the real end of a capture transparent_capture_ending handed a graph for: `r` and the
+// driver's (empty) graph; returns what the engine gets.
+CUresult transparent_capture_ended(CUresult r, CUgraph driver_graph, const TransparentEnd& end,
+                                   CUgraph* out);
+
+// The launch hooks: nullopt when the call is to be forwarded to the driver.
+std::optional<CUresult> transparent_launch(LaunchKernelFn real, CUfunction f, unsigned gx,
+                                           unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                           unsigned bz, unsigned shared, CUstream stream,
+                                           void** params, void** extra);
+// A hooked call on `stream` the elision does not model (`what`: the call's name): the elision
+// of a capture on it stops first (kept launches replayed).
+void transparent_unmodeled(CUstream stream, const char* what);
+
+// cuGraphInstantiate*: the pre-instantiated exec of a graph handed back, when the flags match.
+std::optional<CUresult> transparent_instantiate(CUgraphExec* exec, CUgraph graph,
+                                                unsigned long long flags);
+
+// At exit: "thaw: graph restore summary: ..." when a capture met a graphs record; what was
+// handed back and never instantiated is destroyed.
+void transparent_summary_at_exit();
+
+}  // namespace thaw::preload
