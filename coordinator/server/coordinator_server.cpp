@@ -191,8 +191,21 @@ void CoordinatorServer::on_frontend_frames() {
     options_.log(LOG_WARNING,
                  fmt::format("frontend{}: {}; refused", peer_of(frames[2]), request.error()));
     reply.set_error(request.error());
+  } else if (request->body_case() == v1::FrontendRequest::kGatewayHello) {
+    if (gateways_.hello(frames[0].to_string(), request->gateway_hello(), now())) {
+      options_.log(LOG_NOTICE,
+                   fmt::format("gateway {}{} subscribed to routes",
+                               request->gateway_hello().gateway_id(), peer_of(frames[2])));
+    }
+    gateways_.update(GatewayHub::routes(state_.plans(), deployed_));
+    *reply.mutable_routes() = gateways_.current();
   } else {
     reply = state_.on_frontend_request(*request, now(), out);
+    if (request->body_case() == v1::FrontendRequest::kLoad) {
+      gateways_.load(request->load(), now());
+    } else if (request->body_case() == v1::FrontendRequest::kDeploy && reply.error().empty()) {
+      deployed_.insert(request->deploy().model().name());
+    }
     if (request->body_case() == v1::FrontendRequest::kColdStart) {
       options_.log(
           LOG_NOTICE,
@@ -212,6 +225,25 @@ void CoordinatorServer::on_frontend_frames() {
   send(out);
 }
 
+void CoordinatorServer::push_routes() {
+  const std::vector<std::string> subscribers = gateways_.subscribers(now());
+  if (subscribers.empty()) return;
+  auto table = gateways_.update(GatewayHub::routes(state_.plans(), deployed_));
+  if (!table) return;
+  v1::FrontendReply push;
+  *push.mutable_routes() = std::move(*table);
+  const std::string payload = cluster::encode(std::move(push));
+  for (const std::string& id : subscribers) {
+    std::array<zmq::const_buffer, 3> frames = {zmq::buffer(id), zmq::const_buffer(),
+                                               zmq::buffer(payload)};
+    try {
+      (void)zmq::send_multipart(frontend_, frames, zmq::send_flags::dontwait);
+    } catch (const zmq::error_t&) {
+      // Gone: it stops saying hello and expires.
+    }
+  }
+}
+
 void CoordinatorServer::run(int stop_fd) {
   double next_tick = 0;
   for (;;) {
@@ -220,6 +252,7 @@ void CoordinatorServer::run(int stop_fd) {
     if (const double t = now(); t >= next_tick) {
       std::vector<std::string> died;
       send(state_.tick(t, &died));
+      send(class_rates_.updates(state_.nodes(), t));
       for (const std::string& node : died) {
         options_.log(LOG_WARNING, fmt::format("node {} missed {} heartbeats: declared dead, its "
                                               "stages re-planned",
@@ -246,6 +279,8 @@ void CoordinatorServer::run(int stop_fd) {
     for (int i = 0; i < 100 && (frontend_.get(zmq::sockopt::events) & ZMQ_POLLIN); ++i) {
       on_frontend_frames();
     }
+    // Plans, workers and deployments change only through the messages and ticks above.
+    push_routes();
   }
 }
 

@@ -8,7 +8,9 @@
 //             (ClusterState's Paranoid Pirate heartbeats).
 //   frontend  ROUTER for REQ clients (thawctl cluster, serving frontends): deploy, cold start,
 //             load reports, state. Not encrypted: bind it to loopback or an ipc:// path whose
-//             directory permissions decide who may use it.
+//             directory permissions decide who may use it. thaw-gateway connects a DEALER
+//             here: its GatewayHello subscribes it to the route table, which is pushed to it
+//             (unsolicited replies) whenever it changes (gateway_hub.hpp).
 //
 // One thread: run() polls both sockets and a stop descriptor, decodes and validates every
 // message (cluster_codec), hands it to ClusterState and sends what that returns; bad input is
@@ -22,11 +24,14 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <zmq.hpp>
 
 #include "common/zmq/curve_keys.hpp"
+#include "coordinator/cluster/class_rate_dispatch.hpp"
 #include "coordinator/cluster/cluster_state.hpp"
+#include "coordinator/server/gateway_hub.hpp"
 #include "coordinator/server/node_allow_list.hpp"
 #include "coordinator/server/zap_handler.hpp"
 
@@ -66,6 +71,8 @@ class CoordinatorServer {
   const std::string& node_endpoint() const { return node_endpoint_; }
   const std::string& frontend_endpoint() const { return frontend_endpoint_; }
   const ServerCounters& counters() const { return counters_; }
+  // Gateways' subscriptions and load reports (HydraServe §6.1's window inputs: loads()).
+  const GatewayHub& gateways() const { return gateways_; }
 
  private:
   explicit CoordinatorServer(ServerOptions options);
@@ -73,9 +80,12 @@ class CoordinatorServer {
   void on_frontend_frames();
   void send(const std::vector<Outbound>& out);
   double now() const;
+  // Pushes the route table to every live gateway when it changed.
+  void push_routes();
 
   ServerOptions options_;
   ClusterState state_;
+  ClassRateDispatch class_rates_;  // nodes' traffic-class rates, after each tick
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::unique_ptr<NodeAllowList> allow_;
   zmq::context_t context_;
@@ -85,6 +95,8 @@ class CoordinatorServer {
   std::string node_endpoint_;
   std::string frontend_endpoint_;
   ServerCounters counters_;
+  GatewayHub gateways_;
+  std::set<std::string> deployed_;  // models deployed in this run (plans() has the rebuilt ones)
 };
 
 }  // namespace thaw::coordinator

@@ -1,0 +1,431 @@
+#include "gateway/gateway_server.hpp"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <deque>
+#include <nlohmann/json.hpp>
+
+namespace thaw::gateway {
+namespace {
+
+using json = nlohmann::json;
+
+// httplib's own ThreadPool queues accepted connections without limit; this one blocks the
+// acceptor when `max_pending` wait, so a flood of connections waits in the kernel's listen
+// queue (bounded by its backlog) instead of in our memory.
+class BoundedPool final : public httplib::TaskQueue {
+ public:
+  BoundedPool(std::size_t threads, std::size_t max_pending) : max_pending_(max_pending) {
+    for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+  }
+  ~BoundedPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::unique_lock lock(mutex_);
+    space_.wait(lock, [&] { return jobs_.size() < max_pending_ || shutdown_; });
+    if (shutdown_) return;  // httplib closes the listening socket before shutting us down
+    jobs_.push_back(std::move(fn));
+    ready_.notify_one();
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard lock(mutex_);
+      if (shutdown_) return;
+      shutdown_ = true;
+    }
+    ready_.notify_all();
+    space_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock lock(mutex_);
+        ready_.wait(lock, [&] { return !jobs_.empty() || shutdown_; });
+        if (jobs_.empty()) return;  // shut down and drained
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+        space_.notify_one();
+      }
+      fn();
+    }
+  }
+
+  std::size_t max_pending_;
+  std::mutex mutex_;
+  std::condition_variable ready_, space_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  bool shutdown_ = false;
+};
+
+void send_error(httplib::Response& res, int status, const std::string& message,
+                const std::string& type, const std::string& code) {
+  res.status = status;
+  res.set_content(error_body(message, type, code), "application/json");
+}
+
+std::pair<std::string, int> split_url(const std::string& url) {
+  // http://host:port (what the codec and the --route parser admit)
+  std::string rest = url.substr(url.find("://") + 3);
+  if (auto slash = rest.find('/'); slash != std::string::npos) rest.resize(slash);
+  const auto colon = rest.rfind(':');
+  if (colon == std::string::npos) return {rest, 80};
+  return {rest.substr(0, colon), std::atoi(rest.c_str() + colon + 1)};
+}
+
+std::unique_ptr<httplib::Client> upstream_client(const std::string& url, const GatewayOptions& o) {
+  auto [host, port] = split_url(url);
+  auto client = std::make_unique<httplib::Client>(host, port);
+  client->set_connection_timeout(o.upstream_connect_timeout);
+  client->set_read_timeout(o.upstream_timeout);
+  client->set_write_timeout(o.upstream_timeout);
+  client->set_keep_alive(false);
+  return client;
+}
+
+// The events of a whole (non-streamed) completion, for a client that asked for a stream: one
+// event per choice with its text and tokens, then [DONE] — what a streaming engine would send,
+// only all at once.
+std::string events_from_completion(const std::string& body) {
+  json whole = json::parse(body, nullptr, false);
+  if (whole.is_discarded() || !whole.is_object() || !whole.contains("choices") ||
+      !whole["choices"].is_array()) {
+    return fmt::format("data: {}\n\ndata: [DONE]\n\n",
+                       error_body("the worker's answer is not a completion", "upstream_error",
+                                  "bad_upstream_answer"));
+  }
+  std::string out;
+  for (const json& choice : whole["choices"]) {
+    json event{{"id", whole.value("id", "")},
+               {"object", "text_completion"},
+               {"created", whole.value("created", 0)},
+               {"model", whole.value("model", "")},
+               {"choices", json::array({choice})}};
+    out += "data: " + event.dump() + "\n\n";
+  }
+  return out + "data: [DONE]\n\n";
+}
+
+}  // namespace
+
+std::string error_body(const std::string& message, const std::string& type,
+                       const std::string& code) {
+  return json{{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code}}}}
+      .dump();
+}
+
+bool nesting_exceeds(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+GatewayServer::GatewayServer(GatewayOptions options, Router& router, ControlPlane& control)
+    : options_(std::move(options)), router_(router), control_(control) {}
+
+std::expected<std::unique_ptr<GatewayServer>, std::string> GatewayServer::start(
+    GatewayOptions options, Router& router, ControlPlane& control) {
+  if (options.threads == 0) return std::unexpected("--threads must be at least 1");
+  std::unique_ptr<GatewayServer> s(new GatewayServer(std::move(options), router, control));
+  s->server_ = std::make_unique<httplib::Server>();
+  const std::size_t threads = s->options_.threads, pending = s->options_.pending_connections;
+  s->server_->new_task_queue = [threads, pending] { return new BoundedPool(threads, pending); };
+  s->server_->set_payload_max_length(s->options_.max_body_bytes);
+  s->server_->set_read_timeout(s->options_.client_timeout);
+  s->server_->set_write_timeout(s->options_.client_timeout);
+  s->server_->set_keep_alive_timeout(std::max<time_t>(
+      1, std::chrono::duration_cast<std::chrono::seconds>(s->options_.client_timeout).count()));
+  s->install_handlers();
+  if (s->options_.port == 0) {
+    s->port_ = s->server_->bind_to_any_port(s->options_.host);
+    if (s->port_ <= 0) return std::unexpected(fmt::format("cannot listen on {}", s->options_.host));
+  } else {
+    if (!s->server_->bind_to_port(s->options_.host, s->options_.port)) {
+      return std::unexpected(
+          fmt::format("cannot listen on {}:{} (in use, or not an address of "
+                      "this host?)",
+                      s->options_.host, s->options_.port));
+    }
+    s->port_ = s->options_.port;
+  }
+  s->reporter_ = std::thread([p = s.get()] { p->report_loop(); });
+  return s;
+}
+
+GatewayServer::~GatewayServer() {
+  stop();
+  if (reporter_.joinable()) reporter_.join();
+}
+
+void GatewayServer::run() {
+  server_->listen_after_bind();
+}
+
+void GatewayServer::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  router_.stop();  // held requests answer 503 at once
+  server_->stop();
+}
+
+void GatewayServer::report_loop() {
+  std::unique_lock lock(mutex_);
+  while (!stop_cv_.wait_for(lock, options_.report_interval, [&] { return stopping_; })) {
+    lock.unlock();
+    control_.report_load(router_.take_window(std::chrono::steady_clock::now()));
+    lock.lock();
+  }
+}
+
+void GatewayServer::install_handlers() {
+  httplib::Server& server = *server_;
+  // Bodies httplib refuses itself (413, 400 on a bad request line) or paths nobody serves get
+  // the same JSON errors as the handlers' own.
+  server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 404) {
+      send_error(res, 404, fmt::format("no such endpoint: {} {}", req.method, req.path),
+                 "invalid_request_error", "not_found");
+    } else if (res.status == 413) {
+      send_error(res, 413, "the request body is over the gateway's limit (--max-body)",
+                 "invalid_request_error", "request_too_large");
+    } else {
+      send_error(res, res.status, fmt::format("HTTP {}", res.status), "invalid_request_error",
+                 "bad_request");
+    }
+  });
+  server.set_exception_handler([](const httplib::Request&, httplib::Response& res,
+                                  std::exception_ptr e) {
+    std::string what = "unknown";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+    }
+    send_error(res, 500, fmt::format("the gateway failed: {}", what), "server_error", "internal");
+  });
+
+  server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  server.Get("/ready", [this](const httplib::Request&, httplib::Response& res) {
+    if (router_.has_table()) {
+      res.set_content(R"({"status":"ready"})", "application/json");
+    } else {
+      send_error(res, 503, "no route table yet (is the coordinator reachable?)", "server_error",
+                 "not_ready");
+      res.set_header("Retry-After", std::to_string(options_.retry_after_s));
+    }
+  });
+  server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json data = json::array();
+    for (const std::string& m : router_.models()) {
+      data.push_back({{"id", m}, {"object", "model"}, {"created", 0}, {"owned_by", "thaw"}});
+    }
+    res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+  });
+  server.Get("/gateway/routes", [this](const httplib::Request&, httplib::Response& res) {
+    json out = json::object();
+    for (const auto& [model, workers] : router_.routes()) {
+      json list = json::array();
+      for (const WorkerRoute& w : workers) {
+        list.push_back({{"url", w.url},
+                        {"state", to_string(w.state)},
+                        {"plan", w.plan_id},
+                        {"stage", w.stage},
+                        {"node", w.node_id},
+                        {"outstanding", router_.outstanding(w.url)}});
+      }
+      out[model] = list;
+    }
+    res.set_content(out.dump(), "application/json");
+  });
+
+  server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    if (nesting_exceeds(req.body, 64)) {
+      return send_error(res, 400, "the request body nests deeper than 64 levels",
+                        "invalid_request_error", "invalid_json");
+    }
+    json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded()) {
+      return send_error(res, 400, "the request body is not JSON", "invalid_request_error",
+                        "invalid_json");
+    }
+    if (!body.is_object()) {
+      return send_error(res, 400, "the request body must be a JSON object", "invalid_request_error",
+                        "invalid_json");
+    }
+    if (!body.contains("model") || !body["model"].is_string() ||
+        body["model"].get_ref<const std::string&>().empty()) {
+      return send_error(res, 400, "the request needs \"model\": the name of a deployed model",
+                        "invalid_request_error", "missing_model");
+    }
+    bool stream = false;
+    if (body.contains("stream")) {
+      if (!body["stream"].is_boolean()) {
+        return send_error(res, 400, "\"stream\" must be true or false", "invalid_request_error",
+                          "invalid_stream");
+      }
+      stream = body["stream"].get<bool>();
+    }
+    const std::string model = body["model"].get<std::string>();
+    auto in_flight = std::make_shared<Router::InFlight>(router_, model);
+    auto lease = router_.acquire(model);
+    if (!lease) {
+      switch (lease.error().kind) {
+        case RouteError::Kind::unknown_model:
+          return send_error(res, 404, lease.error().message, "invalid_request_error",
+                            "model_not_found");
+        case RouteError::Kind::queue_full:
+        case RouteError::Kind::deadline:
+        case RouteError::Kind::stopping:
+          res.set_header("Retry-After", std::to_string(options_.retry_after_s));
+          return send_error(res, 503, lease.error().message, "server_error",
+                            lease.error().kind == RouteError::Kind::queue_full ? "queue_full"
+                                                                               : "model_not_ready");
+      }
+    }
+    std::shared_ptr<Lease> worker = std::move(*lease);
+    if (!stream) {
+      auto client = upstream_client(worker->url(), options_);
+      std::string answer;
+      int status = 0;
+      std::string content_type = "application/json";
+      bool too_big = false;
+      httplib::Request up;
+      up.method = "POST";
+      up.path = "/v1/completions";
+      up.body = req.body;
+      up.set_header("Content-Type", "application/json");
+      up.response_handler = [&](const httplib::Response& r) {
+        status = r.status;
+        if (r.has_header("Content-Type")) content_type = r.get_header_value("Content-Type");
+        return true;
+      };
+      up.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+        if (answer.size() + n > options_.max_upstream_bytes) {
+          too_big = true;
+          return false;
+        }
+        answer.append(data, n);
+        return true;
+      };
+      httplib::Response up_res;
+      httplib::Error error = httplib::Error::Success;
+      const bool ok = client->send(up, up_res, error);
+      if (too_big) {
+        return send_error(
+            res, 502,
+            fmt::format("the worker's answer is over {} bytes", options_.max_upstream_bytes),
+            "upstream_error", "upstream_too_large");
+      }
+      if (!ok) {
+        return send_error(
+            res, 502,
+            fmt::format("worker {} did not answer: {}", worker->url(), httplib::to_string(error)),
+            "upstream_error", "upstream_unavailable");
+      }
+      res.status = status;
+      res.set_content(answer, content_type);
+      return;
+    }
+    // Streaming: the answer is written as the worker's events arrive. The lease and the
+    // in-flight count live as long as the provider (until the last event is written).
+    const GatewayOptions options = options_;
+    const std::string request_body = req.body;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [worker, in_flight, options, request_body](std::size_t, httplib::DataSink& sink) {
+          auto client = upstream_client(worker->url(), options);
+          int status = 0;
+          bool relay = false;  // the worker streams: its bytes go through as they come
+          bool client_gone = false;
+          std::string whole;
+          httplib::Request up;
+          up.method = "POST";
+          up.path = "/v1/completions";
+          up.body = request_body;
+          up.set_header("Content-Type", "application/json");
+          up.set_header("Accept", "text/event-stream");
+          up.response_handler = [&](const httplib::Response& r) {
+            status = r.status;
+            relay = status == 200 &&
+                    r.get_header_value("Content-Type").starts_with("text/event-stream");
+            return true;
+          };
+          up.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+            if (relay) {
+              if (!sink.write(data, n)) {
+                client_gone = true;  // a slow or gone client: stop reading the worker
+                return false;
+              }
+              return true;
+            }
+            if (whole.size() + n > options.max_upstream_bytes) return false;
+            whole.append(data, n);
+            return true;
+          };
+          httplib::Response up_res;
+          httplib::Error error = httplib::Error::Success;
+          const bool ok = client->send(up, up_res, error);
+          if (client_gone) return false;
+          std::string tail;
+          if (!ok && !relay) {
+            tail = fmt::format("data: {}\n\ndata: [DONE]\n\n",
+                               error_body(fmt::format("worker {} did not answer: {}", worker->url(),
+                                                      httplib::to_string(error)),
+                                          "upstream_error", "upstream_unavailable"));
+          } else if (!ok) {
+            tail = fmt::format("data: {}\n\n",
+                               error_body(fmt::format("worker {} stopped mid-stream: {}",
+                                                      worker->url(), httplib::to_string(error)),
+                                          "upstream_error", "upstream_interrupted"));
+          } else if (!relay && status != 200) {
+            json err = json::parse(whole, nullptr, false);
+            tail = fmt::format("data: {}\n\ndata: [DONE]\n\n",
+                               err.is_object() && err.contains("error")
+                                   ? err.dump()
+                                   : error_body(fmt::format("the worker answered HTTP {}", status),
+                                                "upstream_error", "upstream_status"));
+          } else if (!relay) {
+            tail = events_from_completion(whole);
+          }
+          if (!tail.empty() && !sink.write(tail.data(), tail.size())) return false;
+          sink.done();
+          return true;
+        });
+  });
+}
+
+}  // namespace thaw::gateway
