@@ -271,6 +271,7 @@ void Engine::bind_thread() {
 }
 
 StepResult Engine::step(const StepBatch& batch) {
+  std::lock_guard lock(step_mu_);
   if (!link_) return runner_->execute(batch, nullptr, nullptr);
   std::vector<float> hidden;
   runner_->execute(batch, nullptr, &hidden);
@@ -297,6 +298,7 @@ void Engine::run_worker() {
     }
     if (kind != PipelineLink::Kind::kStep)
       throw std::runtime_error("pipeline: unexpected message in a worker stage");
+    std::lock_guard lock(step_mu_);
     StepResult r = runner_->execute(b, hidden.data(), &out);
     if (last) {
       link_->send_result(r);

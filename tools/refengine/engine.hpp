@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -65,6 +66,10 @@ class Engine {
   const Driver& driver() const { return *driver_; }
   bool is_first_stage() const { return options_.pipeline.rank == 0; }
   Timeline& timeline() { return timeline_; }
+  // KV transfer (kv_transfer_server.cpp): the stage's runner, and the lock every step holds on
+  // this stage, so that block copies never overlap a step.
+  ModelRunner& runner() { return *runner_; }
+  std::mutex& step_mutex() { return step_mu_; }
 
  private:
   EngineOptions options_;
@@ -77,6 +82,7 @@ class Engine {
   std::unique_ptr<PipelineLink> link_;
   int num_blocks_ = 0;
   bool shut_down_ = false;
+  std::mutex step_mu_;
 };
 
 }  // namespace refengine

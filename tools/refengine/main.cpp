@@ -28,6 +28,7 @@
 #include "engine.hpp"
 #include "engine_core_process.hpp"
 #include "graph_dump.hpp"
+#include "kv_transfer_server.hpp"
 #include "scheduler.hpp"
 #include "server.hpp"
 #include "timeline.hpp"
@@ -176,6 +177,9 @@ int main(int argc, char** argv) {
   ServeOptions so;
   srv->add_option("--host", so.host, "address to listen on")->capture_default_str();
   srv->add_option("--port", so.port, "port to listen on")->capture_default_str();
+  srv->add_option("--step-delay-ms", so.step_delay_ms,
+                  "sleep this long after every step (tests of KV migration mid-generation)")
+      ->check(CLI::Range(0, 10000));
 
   CLI11_PARSE(app, argc, argv);
 
@@ -240,6 +244,7 @@ int main(int argc, char** argv) {
         throw std::runtime_error(dumped.error());
     }
     if (eo.pipeline.rank > 0) {
+      if (srv->parsed()) return serve_stage(engine, so);  // /health and /kv (KV transfer)
       engine.run_worker();
       return 0;
     }

@@ -81,6 +81,13 @@ class ModelRunner {
   StepResult execute(const StepBatch& batch, const float* hidden_in,
                      std::vector<float>* hidden_out);
 
+  // KV transfer (model_runner_kv.cpp): copies the K and V of `blocks` of the stage's local layer
+  // `layer` to or from host memory, K of every block then V of every block, each block
+  // kv_block_layer_bytes(). No step may run meanwhile (Engine::step_mutex()).
+  std::uint64_t kv_block_layer_bytes() const;
+  void read_kv(int layer, const std::vector<int>& blocks, std::byte* out);
+  void write_kv(int layer, const std::vector<int>& blocks, const std::byte* in);
+
   const GPT2Config& config() const { return config_; }
   const StageSpec& stage() const { return stage_; }
   int num_blocks() const { return num_blocks_; }

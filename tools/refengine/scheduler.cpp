@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "kernels.h"
 
@@ -18,6 +20,11 @@ std::future<Completion> Scheduler::submit(Request request) {
   s->tokens = s->request.prompt;
   s->submitted_ns = Timeline::now_ns();
   auto future = s->promise.get_future();
+  {
+    std::lock_guard lock(mu_);
+    s->id = next_id_++;
+    s->completion.request_id = s->id;
+  }
   const auto& lim = engine_.options().limits;
   const int need = int(s->tokens.size()) + s->request.max_tokens;
   std::string error;
@@ -51,6 +58,10 @@ std::future<Completion> Scheduler::submit(Request request) {
       finish(s, "error", "the engine failed: " + failed_);
       return future;
     }
+    if (draining_) {
+      finish(s, "error", "the engine is draining: send new requests to another worker");
+      return future;
+    }
     waiting_.push_back(std::move(s));
   }
   cv_.notify_all();
@@ -63,6 +74,7 @@ void Scheduler::finish(std::unique_ptr<Sequence>& s, std::string reason, std::st
   s->completion.finish_reason = std::move(reason);
   s->completion.error = std::move(error);
   s->promise.set_value(std::move(s->completion));
+  idle_cv_.notify_all();
 }
 
 int Scheduler::slot_of(const Sequence& s, int position) const {
@@ -82,6 +94,7 @@ bool Scheduler::step_once() {
   bool prefill = false;
   {
     std::lock_guard lock(mu_);
+    if (paused_) return false;
     // Admit waiting sequences whose whole KV need fits, up to the token and sequence limits.
     int tokens = 0;
     while (!waiting_.empty()) {
@@ -120,7 +133,19 @@ bool Scheduler::step_once() {
       }
       return false;
     }
+    in_step_ = true;
   }
+  // pause() waits for this step to end, however it ends.
+  struct StepEnd {
+    Scheduler* s;
+    ~StepEnd() {
+      {
+        std::lock_guard lock(s->mu_);
+        s->in_step_ = false;
+      }
+      s->idle_cv_.notify_all();
+    }
+  } step_end{this};
 
   const int n = int(batch_seqs.size());
   if (prefill) {
@@ -174,6 +199,7 @@ bool Scheduler::step_once() {
 
   StepResult r = engine_.step(b);
   ++steps_;
+  if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
   const int V = int(engine_.config().vocab_size);
   std::lock_guard lock(mu_);
   for (int i = 0; i < n; ++i) {
@@ -226,7 +252,8 @@ void Scheduler::run() {
     for (;;) {
       if (step_once()) continue;
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !waiting_.empty(); });
+      cv_.wait(lock,
+               [&] { return stop_ || (!paused_ && (!waiting_.empty() || !running_.empty())); });
       if (stop_) return;
     }
   } catch (const std::exception& e) {
@@ -246,6 +273,149 @@ void Scheduler::stop() {
     stop_ = true;
   }
   cv_.notify_all();
+}
+
+void Scheduler::pause() {
+  std::unique_lock lock(mu_);
+  paused_ = true;
+  idle_cv_.wait(lock, [&] { return !in_step_; });
+}
+
+void Scheduler::unpause() {
+  {
+    std::lock_guard lock(mu_);
+    paused_ = false;
+  }
+  cv_.notify_all();
+}
+
+bool Scheduler::paused() {
+  std::lock_guard lock(mu_);
+  return paused_;
+}
+
+bool Scheduler::drain(int timeout_ms) {
+  std::unique_lock lock(mu_);
+  draining_ = true;
+  return idle_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    return (waiting_.empty() && running_.empty()) || !failed_.empty();
+  }) && failed_.empty();
+}
+
+std::vector<SequenceInfo> Scheduler::snapshot() {
+  std::lock_guard lock(mu_);
+  std::vector<SequenceInfo> out;
+  auto add = [&](const Sequence& s, bool running) {
+    SequenceInfo i;
+    i.request_id = s.id;
+    i.running = running;
+    i.prompt = s.request.prompt;
+    i.generated = s.completion.tokens;
+    i.max_tokens = s.request.max_tokens;
+    i.ignore_eos = s.request.ignore_eos;
+    if (running) {
+      i.blocks = s.blocks;
+      // The last sampled token has not been through the model yet: its KV is not written.
+      i.kv_tokens = int(s.tokens.size()) - 1;
+      // Only the blocks that hold those positions travel.
+      i.blocks.resize(std::size_t((i.kv_tokens + kBlockSize - 1) / kBlockSize));
+    }
+    out.push_back(std::move(i));
+  };
+  for (const auto& s : running_) add(*s, true);
+  for (const auto& s : waiting_) add(*s, false);
+  return out;
+}
+
+std::expected<void, std::string> Scheduler::release(std::uint64_t id) {
+  std::lock_guard lock(mu_);
+  if (!paused_) return std::unexpected("release needs a paused engine (POST /kv/pause first)");
+  for (auto it = running_.begin(); it != running_.end(); ++it)
+    if ((*it)->id == id) {
+      finish(*it, "migrated");
+      running_.erase(it);
+      return {};
+    }
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it)
+    if ((*it)->id == id) {
+      finish(*it, "migrated");
+      waiting_.erase(it);
+      return {};
+    }
+  return std::unexpected(fmt::format("no request {} is waiting or running here", id));
+}
+
+std::expected<std::vector<int>, std::string> Scheduler::reserve_blocks(int n) {
+  std::lock_guard lock(mu_);
+  if (n < 0 || n > int(free_list_.size()))
+    return std::unexpected(fmt::format("{} KV blocks are needed and {} of {} are free", n,
+                                       free_list_.size(), engine_.num_blocks()));
+  std::vector<int> out(free_list_.end() - n, free_list_.end());
+  free_list_.resize(free_list_.size() - std::size_t(n));
+  return out;
+}
+
+void Scheduler::free_blocks(const std::vector<int>& blocks) {
+  std::lock_guard lock(mu_);
+  free_list_.insert(free_list_.end(), blocks.begin(), blocks.end());
+}
+
+std::expected<std::future<Completion>, std::string> Scheduler::adopt(AdoptedRequest r) {
+  const auto& lim = engine_.options().limits;
+  const int len = int(r.prompt.size() + r.generated.size());
+  if (r.prompt.empty() || r.generated.empty())
+    return std::unexpected("a moved request needs its prompt and at least one generated token");
+  if (int(r.generated.size()) > r.max_tokens)
+    return std::unexpected(
+        fmt::format("{} tokens generated of max_tokens {}", r.generated.size(), r.max_tokens));
+  if (int(r.prompt.size()) + r.max_tokens > lim.max_model_len)
+    return std::unexpected(
+        fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds --max-model-len {}",
+                    r.prompt.size(), r.max_tokens, lim.max_model_len));
+  for (std::int32_t t : r.prompt)
+    if (t < 0 || t >= engine_.config().vocab_size)
+      return std::unexpected(fmt::format("token id {} is outside the vocabulary", t));
+  for (std::int32_t t : r.generated)
+    if (t < 0 || t >= engine_.config().vocab_size)
+      return std::unexpected(fmt::format("token id {} is outside the vocabulary", t));
+  const int have = (len - 1 + kBlockSize - 1) / kBlockSize;
+  if (int(r.blocks.size()) != have)
+    return std::unexpected(
+        fmt::format("{} KV blocks for {} positions: expected {}", r.blocks.size(), len - 1, have));
+  const int need = (int(r.prompt.size()) + r.max_tokens + kBlockSize - 1) / kBlockSize;
+  auto s = std::make_unique<Sequence>();
+  s->request = Request{r.prompt, r.max_tokens, r.ignore_eos, false, false};
+  s->tokens = r.prompt;
+  s->tokens.insert(s->tokens.end(), r.generated.begin(), r.generated.end());
+  s->completion.tokens = r.generated;
+  s->submitted_ns = Timeline::now_ns();
+  auto future = s->promise.get_future();
+  {
+    std::lock_guard lock(mu_);
+    if (!failed_.empty()) return std::unexpected("the engine failed: " + failed_);
+    if (draining_) return std::unexpected("the engine is draining");
+    if (int(running_.size()) >= lim.max_num_seqs)
+      return std::unexpected(
+          fmt::format("the worker already runs --max-num-seqs {} sequences", lim.max_num_seqs));
+    if (need - have > int(free_list_.size()))
+      return std::unexpected(fmt::format("{} more KV blocks are needed and {} are free",
+                                         need - have, free_list_.size()));
+    s->id = next_id_++;
+    s->completion.request_id = s->id;
+    s->blocks = std::move(r.blocks);
+    for (int i = have; i < need; ++i) {
+      s->blocks.push_back(free_list_.back());
+      free_list_.pop_back();
+    }
+    const bool eos = !r.ignore_eos && r.generated.back() == engine_.config().eos_token_id;
+    if (eos || int(r.generated.size()) >= r.max_tokens) {
+      finish(s, eos ? "stop" : "length");  // the source would have retired it: nothing to do
+    } else {
+      running_.push_back(std::move(s));
+    }
+  }
+  cv_.notify_all();
+  return future;
 }
 
 }  // namespace refengine

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <expected>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,26 @@ struct Completion {
   // When want_logits: one row per scored position (prompt positions first if all_positions).
   std::vector<std::vector<float>> logits;
   double time_to_first_token_ms = 0;
+  std::uint64_t request_id = 0;  // the scheduler's id (KV transfer names requests by it)
+};
+
+// A request as KV transfer sees it (Scheduler::snapshot, docs/KV-TRANSFER.md).
+struct SequenceInfo {
+  std::uint64_t request_id = 0;
+  bool running = false;  // admitted (has KV blocks); else waiting
+  std::vector<std::int32_t> prompt, generated;
+  int max_tokens = 0;
+  bool ignore_eos = false;
+  std::vector<int> blocks;  // physical KV blocks, in sequence order
+  int kv_tokens = 0;        // positions whose KV is in the blocks (prompt + generated - 1)
+};
+
+// A request moved in from another worker with its KV already in `blocks` (Scheduler::adopt).
+struct AdoptedRequest {
+  std::vector<std::int32_t> prompt, generated;
+  int max_tokens = 0;
+  bool ignore_eos = false;
+  std::vector<int> blocks;  // hold the KV of prompt + generated - 1 positions
 };
 
 class Scheduler {
@@ -49,6 +70,28 @@ class Scheduler {
 
   std::uint64_t steps() const { return steps_; }
 
+  // --- KV transfer (HydraServe §6.2; kv_transfer_server.cpp) ---
+  // Stops scheduling and returns once no step is in flight: the KV cache is then still.
+  void pause();
+  void unpause();
+  bool paused();
+  // Refuses new requests, waits up to `timeout_ms` for every accepted one to finish; true when
+  // all did. unpause() does not undo it: a drained engine is about to stop.
+  bool drain(int timeout_ms);
+  std::vector<SequenceInfo> snapshot();
+  // Ends a request that moved to another worker: its caller gets finish_reason "migrated" and
+  // the tokens so far. Only while paused (the request's KV must not advance after export).
+  std::expected<void, std::string> release(std::uint64_t request_id);
+  // KV blocks for an import, and back.
+  std::expected<std::vector<int>, std::string> reserve_blocks(int n);
+  void free_blocks(const std::vector<int>& blocks);
+  // Continues a moved request: decodes from its last generated token over the imported KV.
+  // Takes ownership of r.blocks (and reserves what the rest of the request needs); on error
+  // the blocks are still the caller's.
+  std::expected<std::future<Completion>, std::string> adopt(AdoptedRequest r);
+  // For tests of migration mid-generation: sleep this long after every step.
+  void set_step_delay_ms(int ms) { step_delay_ms_ = ms; }
+
  private:
   struct Sequence {
     Request request;
@@ -57,6 +100,7 @@ class Scheduler {
     std::vector<std::int32_t> tokens;  // prompt + generated
     std::vector<int> blocks;
     std::uint64_t submitted_ns = 0;
+    std::uint64_t id = 0;
   };
 
   bool step_once();  // false when idle
@@ -76,6 +120,10 @@ class Scheduler {
   std::string failed_;  // set when a step threw: the engine is unusable
   bool first_token_marked_ = false;
   std::uint64_t steps_ = 0;
+  std::uint64_t next_id_ = 1;
+  bool paused_ = false, in_step_ = false, draining_ = false;
+  std::condition_variable idle_cv_;  // in_step_ cleared, or a request finished
+  int step_delay_ms_ = 0;
 };
 
 }  // namespace refengine

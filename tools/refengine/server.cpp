@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kv_transfer_server.hpp"
+
 namespace refengine {
 namespace {
 
@@ -30,6 +32,11 @@ int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& 
   httplib::Server server;
   const std::string model = options.model_name;
   std::atomic<std::uint64_t> next_id{1};
+  // KV transfer (docs/KV-TRANSFER.md): the bodies are KV blocks, larger than any prompt.
+  server.set_payload_max_length(kKvMaxBodyBytes + kKvHeaderBytes);
+  scheduler.set_step_delay_ms(options.step_delay_ms);
+  KvTransfer kv(engine, &scheduler);
+  kv.add_routes(server);
 
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", "application/json");
@@ -93,13 +100,18 @@ int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& 
     for (std::size_t i = 0; i < futures.size(); ++i) {
       Completion c = futures[i].get();
       if (c.finish_reason == "error")
-        return fail(c.error.starts_with("the engine failed") ? 500 : 400, c.error);
+        return fail(c.error.starts_with("the engine failed")        ? 500
+                    : c.error.starts_with("the engine is draining") ? 503
+                                                                    : 400,
+                    c.error);
       prompt_tokens += prompts[i].size();
       completion_tokens += c.tokens.size();
       nlohmann::json choice{{"index", i},
                             {"token_ids", c.tokens},
                             {"finish_reason", c.finish_reason},
                             {"logprobs", nullptr}};
+      // Moved to another worker (KV migration): the rest comes from its /kv/result.
+      if (c.finish_reason == "migrated") choice["request_id"] = c.request_id;
       choice["text"] = tokenizer ? tokenizer->decode(c.tokens) : "";
       choices.push_back(choice);
     }

@@ -18,6 +18,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string model_name;
+  int step_delay_ms = 0;  // tests of KV migration mid-generation: sleep after every step
 };
 
 // Serves until SIGINT/SIGTERM. Returns the process exit code.

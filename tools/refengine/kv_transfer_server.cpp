@@ -1,0 +1,437 @@
+#include "kv_transfer_server.hpp"
+
+#include <httplib.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels.h"
+#include "kv_transfer_format.hpp"
+
+namespace refengine {
+namespace {
+
+using json = nlohmann::json;
+
+void reply_error(httplib::Response& res, int status, const std::string& message) {
+  res.status = status;
+  const char* type = status == 400   ? "invalid_request_error"
+                     : status == 404 ? "not_found"
+                     : status == 409 ? "conflict"
+                     : status == 413 ? "too_large"
+                     : status == 422 ? "incompatible"
+                     : status == 503 ? "unavailable"
+                                     : "internal_error";
+  res.set_content(json{{"error", {{"message", message}, {"type", type}}}}.dump(),
+                  "application/json");
+}
+
+void reply(httplib::Response& res, const json& body, int status = 200) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+// A JSON object body, or the reason it is not one.
+std::expected<json, std::string> object_body(const httplib::Request& req) {
+  if (req.body.empty()) return json::object();
+  try {
+    json j = json::parse(req.body);
+    if (!j.is_object()) return std::unexpected("the body must be a JSON object");
+    return j;
+  } catch (const std::exception& e) {
+    return std::unexpected(fmt::format("the body is not JSON: {}", e.what()));
+  }
+}
+
+// A field of a given JSON kind, or an error naming it.
+template <class T>
+std::expected<T, std::string> field(const json& j, const char* name) {
+  if (!j.contains(name)) return std::unexpected(fmt::format("\"{}\" is missing", name));
+  try {
+    return j.at(name).get<T>();
+  } catch (const std::exception&) {
+    return std::unexpected(fmt::format("\"{}\" has the wrong type", name));
+  }
+}
+
+json completion_json(std::uint64_t id, const Completion& c) {
+  json j{{"request_id", id}, {"token_ids", c.tokens}, {"finish_reason", c.finish_reason}};
+  if (!c.error.empty()) j["error"] = c.error;
+  return j;
+}
+
+std::expected<std::uint64_t, std::string> query_id(const httplib::Request& req) {
+  if (!req.has_param("request_id")) return std::unexpected("the query needs ?request_id=");
+  const std::string v = req.get_param_value("request_id");
+  std::uint64_t id = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), id);
+  if (ec != std::errc() || end != v.data() + v.size() || v.empty())
+    return std::unexpected(fmt::format("request_id '{}' is not an unsigned integer", v));
+  return id;
+}
+
+constexpr std::size_t kMaxPending = 256;   // imports under way
+constexpr std::size_t kMaxResults = 4096;  // resumed requests remembered for /kv/result
+
+}  // namespace
+
+KvTransfer::~KvTransfer() {
+  // Blocks of imports never resumed go back (the scheduler outlives this object in serve()).
+  if (scheduler_ != nullptr)
+    for (auto& [id, p] : pending_) scheduler_->free_blocks(p.blocks);
+}
+
+void KvTransfer::add_routes(httplib::Server& server) {
+  const GPT2Config& cfg = engine_.config();
+  const StageSpec stage = engine_.runner().stage();
+  const int head_dim = int(cfg.n_embd / cfg.n_head);
+  const bool full_worker = engine_.options().pipeline.size == 1;
+
+  server.Get("/kv/info", [=, this](const httplib::Request&, httplib::Response& res) {
+    reply(res, {{"version", kKvVersion},
+                {"pp_rank", engine_.options().pipeline.rank},
+                {"pp_size", engine_.options().pipeline.size},
+                {"layers", {stage.layer_begin, stage.layer_end}},
+                {"n_layer", cfg.n_layer},
+                {"n_head", cfg.n_head},
+                {"head_dim", head_dim},
+                {"block_size", kBlockSize},
+                {"dtype", "f32"},
+                {"num_blocks", engine_.num_blocks()},
+                {"schedules", scheduler_ != nullptr},
+                {"paused", scheduler_ != nullptr && scheduler_->paused()}});
+  });
+
+  // Stages > 0 run only what stage 0 sends: pausing stage 0 stills the whole pipeline.
+  server.Post("/kv/pause", [this](const httplib::Request&, httplib::Response& res) {
+    if (scheduler_ != nullptr) scheduler_->pause();
+    reply(res, {{"paused", true}, {"schedules", scheduler_ != nullptr}});
+  });
+  server.Post("/kv/unpause", [this](const httplib::Request&, httplib::Response& res) {
+    if (scheduler_ != nullptr) scheduler_->unpause();
+    reply(res, {{"paused", false}, {"schedules", scheduler_ != nullptr}});
+  });
+
+  server.Post("/kv/drain", [this](const httplib::Request& req, httplib::Response& res) {
+    if (scheduler_ == nullptr) return reply_error(res, 409, "only stage 0 schedules: drain it");
+    auto body = object_body(req);
+    if (!body) return reply_error(res, 400, body.error());
+    const int timeout_ms = body->value("timeout_ms", 600000);
+    if (timeout_ms < 0 || timeout_ms > 3600000)
+      return reply_error(res, 400, "timeout_ms must be in 0..3600000");
+    if (scheduler_->paused())
+      return reply_error(res, 409, "the engine is paused: a paused engine never drains");
+    if (!scheduler_->drain(timeout_ms))
+      return reply_error(
+          res, 503,
+          fmt::format("requests still running after {} ms (or the engine failed)", timeout_ms));
+    reply(res, {{"drained", true}});
+  });
+
+  server.Get("/kv/requests", [this](const httplib::Request&, httplib::Response& res) {
+    if (scheduler_ == nullptr)
+      return reply_error(res, 409, "only stage 0 knows the requests: ask it");
+    json list = json::array();
+    for (const SequenceInfo& s : scheduler_->snapshot())
+      list.push_back({{"request_id", s.request_id},
+                      {"state", s.running ? "running" : "waiting"},
+                      {"prompt", s.prompt},
+                      {"generated", s.generated},
+                      {"max_tokens", s.max_tokens},
+                      {"ignore_eos", s.ignore_eos},
+                      {"blocks", s.blocks},
+                      {"kv_tokens", s.kv_tokens}});
+    reply(res, {{"paused", scheduler_->paused()}, {"requests", list}});
+  });
+
+  server.Post("/kv/export", [=, this](const httplib::Request& req, httplib::Response& res) {
+    auto body = object_body(req);
+    if (!body) return reply_error(res, 400, body.error());
+    auto id = field<std::uint64_t>(*body, "request_id");
+    if (!id) return reply_error(res, 400, id.error());
+    std::vector<int> blocks;
+    int kv_tokens = 0;
+    if (body->contains("blocks") || scheduler_ == nullptr) {
+      auto b = field<std::vector<int>>(*body, "blocks");
+      auto t = field<int>(*body, "kv_tokens");
+      if (!b) return reply_error(res, 400, b.error() + " (stages > 0 need stage 0's block table)");
+      if (!t) return reply_error(res, 400, t.error());
+      blocks = std::move(*b);
+      kv_tokens = *t;
+    } else {
+      if (!scheduler_->paused())
+        return reply_error(res, 409, "export needs a paused engine (POST /kv/pause first)");
+      bool found = false;
+      for (const SequenceInfo& s : scheduler_->snapshot())
+        if (s.request_id == *id && s.running) {
+          blocks = s.blocks;
+          kv_tokens = s.kv_tokens;
+          found = true;
+        }
+      if (!found) return reply_error(res, 404, fmt::format("no running request {} here", *id));
+    }
+    if (kv_tokens < 1 || kv_tokens > engine_.options().limits.max_model_len)
+      return reply_error(res, 400,
+                         fmt::format("kv_tokens {} is not in 1..--max-model-len {}", kv_tokens,
+                                     engine_.options().limits.max_model_len));
+    if (int(blocks.size()) != (kv_tokens + kBlockSize - 1) / kBlockSize)
+      return reply_error(res, 400,
+                         fmt::format("{} blocks for {} positions of block size {}", blocks.size(),
+                                     kv_tokens, kBlockSize));
+    for (int b : blocks)
+      if (b < 0 || b >= engine_.num_blocks())
+        return reply_error(res, 400,
+                           fmt::format("block {} is not in 0..{}", b, engine_.num_blocks() - 1));
+    KvBlobHeader h;
+    h.request_id = *id;
+    h.layer_begin = std::uint32_t(stage.layer_begin);
+    h.layer_end = std::uint32_t(stage.layer_end);
+    h.n_layer = std::uint32_t(cfg.n_layer);
+    h.n_head = std::uint32_t(cfg.n_head);
+    h.head_dim = std::uint32_t(head_dim);
+    h.block_size = kBlockSize;
+    h.token_count = std::uint32_t(kv_tokens);
+    std::string out = encode_kv_header(h);
+    out.resize(kKvHeaderBytes + h.payload_bytes);
+    try {
+      std::lock_guard step(engine_.step_mutex());
+      engine_.bind_thread();
+      for (int l = stage.layer_begin; l < stage.layer_end; ++l)
+        engine_.runner().read_kv(
+            l - stage.layer_begin, blocks,
+            reinterpret_cast<std::byte*>(out.data() + kKvHeaderBytes + h.offset(l, false, 0)));
+    } catch (const std::exception& e) {
+      return reply_error(res, 500, fmt::format("reading the KV cache failed: {}", e.what()));
+    }
+    res.set_content(std::move(out), "application/octet-stream");
+  });
+
+  server.Post("/kv/import", [=, this](const httplib::Request& req, httplib::Response& res) {
+    if (!full_worker || scheduler_ == nullptr)
+      return reply_error(res, 409, "only a full worker (--pp-size 1) imports KV");
+    auto blob = parse_kv_blob(req.body, kKvMaxBodyBytes);
+    if (!blob)
+      return reply_error(res, blob.error().find("exceed") != std::string::npos ? 413 : 400,
+                         blob.error());
+    const KvBlobHeader& h = blob->header;
+    if (h.n_layer != std::uint32_t(cfg.n_layer) || h.n_head != std::uint32_t(cfg.n_head) ||
+        h.head_dim != std::uint32_t(head_dim) || h.block_size != std::uint32_t(kBlockSize))
+      return reply_error(
+          res, 422,
+          fmt::format("the blocks are of a model with {} layers, {} heads of {}, block size {}; "
+                      "this worker's has {}, {} of {}, {}",
+                      h.n_layer, h.n_head, h.head_dim, h.block_size, cfg.n_layer, cfg.n_head,
+                      head_dim, kBlockSize));
+    if (int(h.token_count) > engine_.options().limits.max_model_len)
+      return reply_error(res, 422,
+                         fmt::format("{} positions exceed this worker's --max-model-len {}",
+                                     h.token_count, engine_.options().limits.max_model_len));
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(h.request_id);
+    if (it == pending_.end()) {
+      if (results_.contains(h.request_id))
+        return reply_error(res, 409, fmt::format("request {} was resumed already", h.request_id));
+      if (pending_.size() >= kMaxPending)
+        return reply_error(res, 503, fmt::format("{} imports are under way already", kMaxPending));
+      auto blocks = scheduler_->reserve_blocks(int(h.num_blocks));
+      if (!blocks) return reply_error(res, 503, blocks.error());
+      Pending p;
+      p.blocks = std::move(*blocks);
+      p.token_count = h.token_count;
+      p.layers.assign(std::size_t(cfg.n_layer), false);
+      it = pending_.emplace(h.request_id, std::move(p)).first;
+    }
+    Pending& p = it->second;
+    if (p.token_count != h.token_count)
+      return reply_error(res, 409,
+                         fmt::format("request {}: these blocks hold {} positions, earlier ones {}",
+                                     h.request_id, h.token_count, p.token_count));
+    for (std::uint32_t l = h.layer_begin; l < h.layer_end; ++l)
+      if (p.layers[l])
+        return reply_error(
+            res, 409, fmt::format("request {}: layer {} was imported already", h.request_id, l));
+    try {
+      std::lock_guard step(engine_.step_mutex());
+      engine_.bind_thread();
+      for (std::uint32_t l = h.layer_begin; l < h.layer_end; ++l)
+        engine_.runner().write_kv(
+            int(l), p.blocks,
+            reinterpret_cast<const std::byte*>(blob->payload.data() + h.offset(l, false, 0)));
+    } catch (const std::exception& e) {
+      return reply_error(res, 500, fmt::format("writing the KV cache failed: {}", e.what()));
+    }
+    for (std::uint32_t l = h.layer_begin; l < h.layer_end; ++l) p.layers[l] = true;
+    const auto missing = std::count(p.layers.begin(), p.layers.end(), false);
+    reply(res, {{"request_id", h.request_id},
+                {"token_count", h.token_count},
+                {"layers_missing", missing},
+                {"complete", missing == 0}});
+  });
+
+  server.Post("/kv/abort", [this](const httplib::Request& req, httplib::Response& res) {
+    auto body = object_body(req);
+    if (!body) return reply_error(res, 400, body.error());
+    auto id = field<std::uint64_t>(*body, "request_id");
+    if (!id) return reply_error(res, 400, id.error());
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(*id);
+    if (it == pending_.end())
+      return reply_error(res, 404, fmt::format("no import of request {} is under way", *id));
+    if (scheduler_ != nullptr) scheduler_->free_blocks(it->second.blocks);
+    pending_.erase(it);
+    reply(res, {{"aborted", *id}});
+  });
+
+  server.Post("/kv/resume", [=, this](const httplib::Request& req, httplib::Response& res) {
+    if (!full_worker || scheduler_ == nullptr)
+      return reply_error(res, 409, "only a full worker (--pp-size 1) resumes requests");
+    auto body = object_body(req);
+    if (!body) return reply_error(res, 400, body.error());
+    auto id = field<std::uint64_t>(*body, "request_id");
+    auto prompt = field<std::vector<std::int32_t>>(*body, "prompt");
+    auto generated = field<std::vector<std::int32_t>>(*body, "generated");
+    auto max_tokens = field<int>(*body, "max_tokens");
+    auto kv_tokens = field<int>(*body, "kv_tokens");
+    for (const std::string* e :
+         {id ? nullptr : &id.error(), prompt ? nullptr : &prompt.error(),
+          generated ? nullptr : &generated.error(), max_tokens ? nullptr : &max_tokens.error(),
+          kv_tokens ? nullptr : &kv_tokens.error()})
+      if (e != nullptr) return reply_error(res, 400, *e);
+    bool ignore_eos = false;
+    if (body->contains("ignore_eos")) {
+      if (!(*body)["ignore_eos"].is_boolean())
+        return reply_error(res, 400, "\"ignore_eos\" has the wrong type");
+      ignore_eos = (*body)["ignore_eos"].get<bool>();
+    }
+    std::lock_guard lock(mu_);
+    if (results_.contains(*id))
+      return reply_error(res, 409, fmt::format("request {} was resumed already", *id));
+    if (results_.size() >= kMaxResults) {  // forget the oldest finished ones
+      for (auto it = results_.begin(); it != results_.end() && results_.size() >= kMaxResults;)
+        it = it->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready
+                 ? results_.erase(it)
+                 : std::next(it);
+      if (results_.size() >= kMaxResults)
+        return reply_error(res, 503,
+                           fmt::format("{} resumed requests are unfinished", kMaxResults));
+    }
+    std::future<Completion> f;
+    std::string how;
+    if (*kv_tokens == 0) {
+      // Retry from the prompt (no KV came, or a stage failed mid-migration): greedy decoding
+      // gives the tokens the source would have given.
+      if (!generated->empty())
+        return reply_error(res, 400,
+                           "without imported KV a request restarts from its prompt: "
+                           "\"generated\" must be empty");
+      if (pending_.contains(*id))
+        return reply_error(res, 409,
+                           fmt::format("request {} has an import under way: POST /kv/abort it "
+                                       "before retrying from the prompt",
+                                       *id));
+      f = scheduler_->submit(Request{*prompt, *max_tokens, ignore_eos, false, false});
+      how = "prompt";
+    } else {
+      auto it = pending_.find(*id);
+      if (it == pending_.end())
+        return reply_error(res, 409, fmt::format("no KV of request {} was imported", *id));
+      Pending& p = it->second;
+      const auto missing = std::count(p.layers.begin(), p.layers.end(), false);
+      if (missing != 0)
+        return reply_error(
+            res, 409, fmt::format("request {}: {} layers have no imported KV yet", *id, missing));
+      const std::size_t len = prompt->size() + generated->size();
+      if (std::uint32_t(*kv_tokens) != p.token_count || len != std::size_t(*kv_tokens) + 1)
+        return reply_error(
+            res, 409,
+            fmt::format("request {}: the imported KV holds {} positions, kv_tokens is {}, and "
+                        "prompt + generated is {} tokens (must be kv_tokens + 1)",
+                        *id, p.token_count, *kv_tokens, len));
+      auto adopted =
+          scheduler_->adopt(AdoptedRequest{*prompt, *generated, *max_tokens, ignore_eos, p.blocks});
+      if (!adopted) {
+        const bool busy = adopted.error().find("free") != std::string::npos ||
+                          adopted.error().find("runs") != std::string::npos;
+        return reply_error(res, busy ? 503 : 400, adopted.error());
+      }
+      pending_.erase(it);  // the blocks are the scheduler's now
+      f = std::move(*adopted);
+      how = "kv";
+    }
+    results_.emplace(*id, f.share());
+    reply(res, {{"request_id", *id}, {"resumed", how}}, 202);
+  });
+
+  server.Get("/kv/result", [this](const httplib::Request& req, httplib::Response& res) {
+    auto id = query_id(req);
+    if (!id) return reply_error(res, 400, id.error());
+    int timeout_ms = 0;
+    if (req.has_param("timeout_ms")) {
+      const std::string v = req.get_param_value("timeout_ms");
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), timeout_ms);
+      if (ec != std::errc() || end != v.data() + v.size() || timeout_ms < 0 || timeout_ms > 600000)
+        return reply_error(res, 400, "timeout_ms must be an integer in 0..600000");
+    }
+    std::shared_future<Completion> f;
+    {
+      std::lock_guard lock(mu_);
+      auto it = results_.find(*id);
+      if (it == results_.end())
+        return reply_error(res, 404, fmt::format("request {} was not resumed here", *id));
+      f = it->second;
+    }
+    if (f.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready)
+      return reply(res, {{"request_id", *id}, {"done", false}}, 202);
+    json j = completion_json(*id, f.get());
+    j["done"] = true;
+    reply(res, j);
+  });
+
+  server.Post("/kv/release", [this](const httplib::Request& req, httplib::Response& res) {
+    if (scheduler_ == nullptr)
+      return reply_error(res, 409, "only stage 0 holds requests: release them there");
+    auto body = object_body(req);
+    if (!body) return reply_error(res, 400, body.error());
+    auto id = field<std::uint64_t>(*body, "request_id");
+    if (!id) return reply_error(res, 400, id.error());
+    if (auto r = scheduler_->release(*id); !r)
+      return reply_error(res, scheduler_->paused() ? 404 : 409, r.error());
+    reply(res, {{"released", *id}});
+  });
+}
+
+int serve_stage(Engine& engine, const ServeOptions& options) {
+  httplib::Server server;
+  server.set_payload_max_length(kKvMaxBodyBytes + kKvHeaderBytes);
+  server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+  });
+  KvTransfer kv(engine, nullptr);
+  kv.add_routes(server);
+  if (!server.bind_to_port(options.host, options.port)) {
+    fmt::print(stderr, "refengine: cannot listen on {}:{}\n", options.host, options.port);
+    return 1;
+  }
+  std::thread http([&] { server.listen_after_bind(); });
+  engine.timeline().mark("serving", {{"host", options.host}, {"port", options.port}});
+  fmt::print(stderr, "refengine: pipeline stage {} serving /health and /kv on http://{}:{}\n",
+             engine.options().pipeline.rank, options.host, options.port);
+  int status = 0;
+  try {
+    engine.run_worker();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "refengine: error: {}\n", e.what());
+    status = 1;
+  }
+  server.stop();
+  http.join();
+  return status;
+}
+
+}  // namespace refengine
