@@ -38,8 +38,10 @@ rm -rf "$WORK"
 mkdir -p "$WORK" || bad_env "cannot create $WORK"
 CURRENT=$WORK/current.json  # one --json path for both runs: one command line, one record
 RUN_TIMEOUT=${GRAPH_RUN_TIMEOUT:-120}
+[[ $RUN_TIMEOUT =~ ^[0-9]+$ ]] && ((RUN_TIMEOUT >= 10)) ||
+  bad_env "GRAPH_RUN_TIMEOUT=$RUN_TIMEOUT: give a number of seconds, at least 10"
 args=(--model "$MODEL_DIR" --prompt-ids "${GRAPH_PROMPT_IDS:-464,2068,7586,21831}"
-  --steps "${GRAPH_STEPS:-8}" --json "$CURRENT" --timeout "$((RUN_TIMEOUT - 10))")
+  --steps "${GRAPH_STEPS:-8}" --json "$CURRENT" --timeout "$((RUN_TIMEOUT - 3))")  # its own watchdog first: the JSON says where it was
 
 run() {  # run NAME: one run under the shim; NAME.json, .out, .err, .shim.log in WORK
   local rc
