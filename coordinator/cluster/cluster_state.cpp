@@ -53,6 +53,7 @@ ClusterState::ClusterState(ClusterConfig config) : config_(std::move(config)) {}
 std::vector<Outbound> ClusterState::on_node_message(const std::string& node_id,
                                                     const v1::NodeMessage& message, double now) {
   std::vector<Outbound> out;
+  last_now_ = std::max(last_now_, now);
   auto it = nodes_.find(node_id);
   if (message.body_case() == v1::NodeMessage::kRegister) {
     NodeRecord& node = nodes_[node_id];
@@ -60,6 +61,9 @@ std::vector<Outbound> ClusterState::on_node_message(const std::string& node_id,
     node.last_heard = now;
     node.alive = true;
     rebuild_from(node_id, node.report);
+    rebuild_workers_from(node_id, node.report);
+    // A coordinator restarted mid-consolidation carries on from what the nodes hold.
+    for (auto& [id, plan] : plans_) advance(plan, now, out);
     v1::CoordinatorMessage welcome;
     welcome.mutable_welcome()->set_heartbeat_interval_ms(
         static_cast<std::uint32_t>(std::lround(config_.heartbeat_interval_s * 1000)));
@@ -86,6 +90,9 @@ std::vector<Outbound> ClusterState::on_node_message(const std::string& node_id,
       message.heartbeat().resources_changed()) {
     *it->second.report.mutable_gpus() = message.heartbeat().gpus();
     *it->second.report.mutable_slots() = message.heartbeat().slots();
+  }
+  if (message.body_case() == v1::NodeMessage::kHeartbeat && message.heartbeat().has_startup()) {
+    *it->second.report.mutable_startup() = message.heartbeat().startup();
   }
   return out;
 }
@@ -142,9 +149,13 @@ void ClusterState::apply_progress(const std::string& node_id, const v1::TaskStat
     }
   }
   if (!replaced) *node.report.add_tasks() = status;
-  if (status.task().kind() != v1::TASK_FETCH) return;
   auto plan = plans_.find(status.task().plan_id());
   if (plan == plans_.end()) return;
+  if (status.task().kind() != v1::TASK_FETCH) {
+    apply_worker_progress(plan->second, node_id, status);
+    advance(plan->second, last_now_, out);
+    return;
+  }
   for (v1::PlannedStage& s : *plan->second.plan.mutable_placement()) {
     if (s.stage() == status.task().stage() && s.node_id() == node_id) {
       s.set_fetch_state(status.state());
@@ -152,34 +163,24 @@ void ClusterState::apply_progress(const std::string& node_id, const v1::TaskStat
       s.set_bytes_total(status.bytes_total());
     }
   }
-  if (status.task().consolidate() && status.state() == v1::TASK_DONE &&
-      !plan->second.plan.consolidated()) {
-    consolidate(plan->second, out);
-  }
-}
-
-void ClusterState::consolidate(PlanRecord& plan, std::vector<Outbound>& out) {
-  plan.plan.set_consolidated(true);
-  // The engines migrate the KV cache to the consolidated worker; what is the coordinator's is
-  // that the other stages' workers exit once it can serve alone.
-  if (!config_.launch_workers) return;
-  for (const v1::PlannedStage& stage : plan.plan.placement()) {
-    if (stage.stage() == 0) continue;
-    v1::CoordinatorMessage m;
-    v1::Task* t = m.mutable_task();
-    t->set_id(fmt::format("{}/{}/stop-worker", plan.plan.id(), stage.stage()));
-    t->set_plan_id(plan.plan.id());
-    t->set_kind(v1::TASK_STOP_WORKER);
-    *t->mutable_model() = plan.model;
-    t->set_stage(stage.stage());
-    t->set_stages(plan.plan.stages());
-    t->set_gpu(stage.gpu());
-    out.push_back({stage.node_id(), std::move(m)});
+  if (status.task().consolidate() && status.state() == v1::TASK_DONE) {
+    // The stage's node has the whole model. Without workers that is all there is to it; with
+    // them it is where §6's consolidation starts (advance): stopping the other stages now
+    // would kill the requests they carry.
+    PlanRecord& record = plan->second;
+    bool placed_here = false;
+    for (const v1::PlannedStage& s : record.plan.placement()) {
+      placed_here = placed_here || (s.stage() == status.task().stage() && s.node_id() == node_id);
+    }
+    if (placed_here) record.whole_model_on.insert(status.task().stage());
+    if (!config_.launch_workers && status.task().stage() == 0) record.plan.set_consolidated(true);
+    advance(record, last_now_, out);
   }
 }
 
 std::vector<Outbound> ClusterState::tick(double now, std::vector<std::string>* died) {
   std::vector<Outbound> out;
+  last_now_ = std::max(last_now_, now);
   const double deadline = config_.heartbeat_interval_s * config_.liveness;
   std::vector<std::string> dead;
   for (auto& [id, node] : nodes_) {
@@ -358,7 +359,11 @@ void ClusterState::send_stage_tasks(PlanRecord& plan, const v1::PlannedStage& st
     return m;
   };
   out.push_back({stage.node_id(), task_for(v1::TASK_FETCH)});
-  if (config_.launch_workers) out.push_back({stage.node_id(), task_for(v1::TASK_LAUNCH_WORKER)});
+  if (config_.launch_workers) {
+    v1::CoordinatorMessage m;
+    *m.mutable_task() = launch_task(plan, stage, false);
+    out.push_back({stage.node_id(), std::move(m)});
+  }
 }
 
 std::expected<v1::Plan, std::string> ClusterState::plan_cold_start(const v1::ModelSpec& model,
@@ -398,7 +403,7 @@ std::expected<v1::Plan, std::string> ClusterState::plan_cold_start(const v1::Mod
   }
   policy::AllocationRequest request;
   request.model_bytes = static_cast<double>(model.size_bytes());
-  request.costs = config_.startup;
+  request.costs = startup_costs();
   request.costs.prefill = model.prefill_s();
   request.costs.decode = model.decode_s();
   request.slo_ttft = slo_ttft;
@@ -429,10 +434,15 @@ std::expected<v1::Plan, std::string> ClusterState::plan_cold_start(const v1::Mod
     stage->set_full_memory(w.full_memory || allocation->stages == 1);
     stage->set_fetch_state(v1::TASK_RUNNING);
   }
+  if (config_.launch_workers) {
+    assign_ports(record);
+    plan.set_phase(v1::PHASE_COLD_STARTING);
+  }
   for (const v1::PlannedStage& stage : plan.placement()) send_stage_tasks(record, stage, out);
-  v1::Plan result = plan;
-  plans_[plan.id()] = std::move(record);
-  return result;
+  set_routes(record);
+  const std::string id = plan.id();
+  plans_[id] = std::move(record);
+  return plans_[id].plan;
 }
 
 std::optional<std::pair<std::string, std::uint32_t>> ClusterState::replacement_for(
@@ -472,6 +482,13 @@ void ClusterState::replan_stages_of(const std::string& dead_node, std::vector<Ou
       }
       stage->set_node_id(target->first);
       stage->set_gpu(target->second);
+      // New ports on the new node. The other stages' engines were started with the dead
+      // node's address and are not relaunched here (see the report: not done yet).
+      stage->set_pipeline_port(0);
+      stage->set_http_port(0);
+      stage->set_worker_state(v1::TASK_STATE_UNSPECIFIED);
+      stage->set_worker_ready(false);
+      if (config_.launch_workers) assign_ports(plan);
       stage->set_fetch_state(v1::TASK_RUNNING);
       stage->set_bytes_done(0);
       stage->set_replans(stage->replans() + 1);

@@ -14,12 +14,22 @@
 // (with the model spec and plan id), from which the models and plans are rebuilt.
 // Death: a dead node's stages are placed again on live nodes (the same ranking, excluding
 // nodes already in the plan where possible) and their tasks sent there.
+//
+// Workers (launch_workers): each stage's engine is launched wired to its peers (ports from
+// the coordinator's range, hosts as the nodes report them), and a plan walks the phases of
+// HydraServe §6 (consolidation.cpp): cold-starting → pipelined (stage 0 answers health; it is
+// the route) → loading (the consolidating fetch is done: a standalone worker starts on the
+// full-memory stage's node, or on every full-memory stage's for scale-up) → hand-over (the
+// standalone worker(s) are the routes; the pipeline drains, or its requests' KV migrates) →
+// stopping (no request left on the pipeline: its workers are told to stop) → consolidated.
+// Every step is decided from what nodes report, so a restarted coordinator resumes it.
 #pragma once
 
 #include <cstdint>
 #include <expected>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,6 +46,21 @@ struct ClusterConfig {
   // Costs Alg. 1 adds to a model's own (runtime start-up, §4.1's t_c / t_cc, t_cu, t_l).
   policy::ColdStartCosts startup;
   bool launch_workers = false;  // plans also launch an engine per stage (agent's worker command)
+  // Ports the coordinator hands out for workers' pipeline links and HTTP servers, on every
+  // node: [worker_port_base, worker_port_base + worker_port_count).
+  std::uint32_t worker_port_base = 20000;
+  std::uint32_t worker_port_count = 10000;
+  // How in-flight requests leave the pipeline at consolidation: drained (they finish on it;
+  // works with any engine) or moved with their KV cache (the engine's KV-transfer endpoint).
+  enum class Handover { drain, kv_transfer };
+  Handover handover = Handover::drain;
+  // Alg. 1's start-up costs: `startup` above until the nodes have measured `min_samples`
+  // worker starts; then their measured averages (t_cc, t_cu, t_l; t_c = their sum).
+  bool measured_startup = true;
+  std::uint32_t min_startup_samples = 1;
+  // HydraServe §6.1: a consolidated worker with no request for this long is released.
+  double keep_alive_s = 60;
+  std::uint32_t scaling_batch = 8;  // requests one new worker takes (the authors' value)
   // WarmServe: load reports are folded into windows of this length; at each window's end the
   // next window's average and peak load are predicted (CSP, Eq. 2–4), replica demand and
   // scores computed (Eq. 5–8) and the missing replicas placed (Alg. 1) as PREWARM tasks.
@@ -59,6 +84,32 @@ struct NodeRecord {
 struct PlanRecord {
   v1::Plan plan;
   v1::ModelSpec model;
+  std::uint32_t wanted = 1;                 // workers the model wants from this group (§6.1)
+  double handover_since = -1;               // when routes switched (hand-over phase)
+  double in_flight_reported_at = -1;        // when `plan.in_flight` was last reported
+  bool migration_started = false;           // kv-transfer asked of the engines
+  double idle_since = -1;                   // consolidated, no request (keep-alive)
+  std::set<std::uint32_t> whole_model_on;   // stages whose node has fetched the whole model
+  std::set<std::uint32_t> rest_fetch_sent;  // scale-up: stages asked to fetch the rest
+  std::set<std::uint32_t> stop_sent;        // pipeline workers told to stop
+};
+
+// A model's load as the gateways see it (HydraServe §6.1's inputs).
+struct GatewayDemand {
+  std::uint32_t queue_length = 0;  // requests held for want of a serving worker
+  double concurrent_requests = 0;  // in flight on workers
+  std::uint64_t arrivals = 0;      // in the gateways' last window
+};
+
+// A KV migration the coordinator wants from the engines (§6.2): every request in flight on
+// the pipeline whose first stage serves at `from_url` moves to the standalone worker at
+// `to_url`; the caller (the server) drives the engines' KV-transfer endpoints and reports the
+// outcome with on_migration_result.
+struct MigrationOrder {
+  std::string plan_id;
+  std::string from_url;
+  std::string to_url;
+  std::vector<std::string> stage_urls;  // every stage's pipeline worker, for the gather
 };
 
 // A model's load history, one entry per closed window, and the window being collected.
@@ -87,6 +138,25 @@ class ClusterState {
                                         std::vector<Outbound>& out);
 
   v1::ClusterState snapshot(double now) const;
+
+  // Gateways' view of a model's load (§6.1): the sliding window decides how many workers it
+  // needs (queue + the previous window's peak arrivals), starts pipeline groups for what is
+  // missing (several for a surge), and records how many workers the model wants so each
+  // group ends scaled down (one worker) or up (one per full-memory stage).
+  void on_gateway_demand(const std::string& model, const GatewayDemand& demand, double now,
+                         std::vector<Outbound>& out);
+  // Requests in flight on the worker serving at `url` (gateways count them per worker). A
+  // draining pipeline is stopped once its count is 0 in a report made after the switch.
+  void on_worker_in_flight(const std::string& url, std::uint32_t in_flight, double now,
+                           std::vector<Outbound>& out);
+  // KV migrations to carry out (each returned once).
+  std::vector<MigrationOrder> take_migrations();
+  // The outcome of one: done → the pipeline stops; failed → its requests drain instead
+  // (gateways retry any that broke, from the prompt, on the standalone worker).
+  void on_migration_result(const std::string& plan_id, bool ok, const std::string& error,
+                           double now, std::vector<Outbound>& out);
+  // The start-up costs Alg. 1 uses now (configured, or the nodes' measured averages).
+  policy::ColdStartCosts startup_costs() const;
   const std::map<std::string, NodeRecord>& nodes() const { return nodes_; }
   const std::map<std::string, PlanRecord>& plans() const { return plans_; }
   const std::map<std::string, ModelLoad>& loads() const { return load_; }
@@ -99,12 +169,23 @@ class ClusterState {
                                                        std::vector<Outbound>& out);
   void send_stage_tasks(PlanRecord& plan, const v1::PlannedStage& stage,
                         std::vector<Outbound>& out) const;
+  // consolidation.cpp: ports, wiring, and the §6 phases.
+  void assign_ports(PlanRecord& plan);
+  std::uint32_t take_port(const std::string& node_id);
+  std::vector<std::uint32_t> standalone_stages(const PlanRecord& plan) const;
+  std::string worker_host(const std::string& node_id) const;
+  v1::Task launch_task(const PlanRecord& plan, const v1::PlannedStage& stage,
+                       bool standalone) const;
+  v1::Task stop_task(const PlanRecord& plan, const v1::PlannedStage& stage, bool standalone) const;
+  void apply_worker_progress(PlanRecord& plan, const std::string& node_id,
+                             const v1::TaskStatus& status);
+  void advance(PlanRecord& plan, double now, std::vector<Outbound>& out);
+  void set_routes(PlanRecord& plan) const;
+  void rebuild_workers_from(const std::string& node_id, const v1::Register& report);
   void replan_stages_of(const std::string& dead_node, std::vector<Outbound>& out);
   void rebuild_from(const std::string& node_id, const v1::Register& report);
   void apply_progress(const std::string& node_id, const v1::TaskStatus& status,
                       std::vector<Outbound>& out);
-  // Scale-down once the consolidating stage holds the whole model (HydraServe §6).
-  void consolidate(PlanRecord& plan, std::vector<Outbound>& out);
   std::optional<std::pair<std::string, std::uint32_t>> replacement_for(const PlanRecord& plan,
                                                                        double stage_bytes) const;
   // Closes the windows that ended before `now`; a prewarm round after each closing.
@@ -119,6 +200,10 @@ class ClusterState {
   std::uint64_t prewarm_rounds_ = 0;
   std::map<std::string, PlanRecord> plans_;
   std::uint64_t next_plan_ = 1;
+  std::uint32_t next_port_ = 0;  // offset into the port range
+  std::vector<MigrationOrder> migrations_;
+  std::map<std::string, std::uint64_t> previous_arrivals_;  // §6.1: last window's, per model
+  double last_now_ = 0;
 };
 
 }  // namespace thaw::coordinator

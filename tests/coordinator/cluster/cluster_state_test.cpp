@@ -365,8 +365,10 @@ TEST(ClusterState, ANodeWhoseLinkIsFullIsLeftOut) {
 }
 
 // Scale-down (HydraServe §6): once stage 0's full-memory worker has fetched the rest of the
-// model, the plan is consolidated and (with workers launched) the other stages' workers stop.
-TEST(ClusterState, AConsolidatedPlanStopsTheOtherStagesWorkers) {
+// model, the plan's node holds the whole model — and nothing is stopped for that alone: with
+// workers launched the other stages may carry requests (consolidation_test.cpp walks the
+// phases that end in stopping them).
+TEST(ClusterState, TheConsolidatingFetchsEndStopsNoWorker) {
   for (bool launch : {false, true}) {
     SCOPED_TRACE(launch);
     ClusterConfig c = config();
@@ -397,14 +399,12 @@ TEST(ClusterState, AConsolidatedPlanStopsTheOtherStagesWorkers) {
     *done.mutable_progress()->mutable_task() = consolidating->message.task();
     done.mutable_progress()->set_state(v1::TASK_DONE);
     auto after = state.on_node_message(consolidating->node_id, done, 1);
-    EXPECT_TRUE(state.plans().at(plan.id()).plan.consolidated());
-    std::size_t stops = 0;
+    // Without workers the plan is consolidated (the node has the model); with them it waits
+    // for its pipeline to serve and hand over.
+    EXPECT_EQ(state.plans().at(plan.id()).plan.consolidated(), !launch);
     for (const Outbound& t : tasks_in(after)) {
-      EXPECT_EQ(t.message.task().kind(), v1::TASK_STOP_WORKER);
-      EXPECT_NE(t.message.task().stage(), 0u);
-      ++stops;
+      EXPECT_NE(t.message.task().kind(), v1::TASK_STOP_WORKER) << t.message.DebugString();
     }
-    EXPECT_EQ(stops, launch ? plan.stages() - 1 : 0u);
   }
 }
 
