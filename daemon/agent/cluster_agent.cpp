@@ -202,6 +202,9 @@ void ClusterAgent::run() {
               send(socket, std::move(progress));
               break;
             }
+            case v1::CoordinatorMessage::kClassRates:
+              if (config_.on_class_rates) config_.on_class_rates(message->class_rates());
+              break;
             default:
               break;  // a heartbeat: being heard is all it says
           }

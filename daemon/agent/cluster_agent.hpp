@@ -41,6 +41,9 @@ struct AgentConfig {
   double heartbeat_interval_s = 1.0;  // until the coordinator's Welcome says otherwise
   int liveness = 3;
   double max_backoff_s = 32;
+  // The coordinator's rates for this node's traffic classes (ClassRates), on the agent's
+  // thread; unset: ignored.
+  std::function<void(const v1::ClassRates&)> on_class_rates;
   // Where the other stages of a pipeline and the gateways reach this node's workers (an
   // address of this node); "" : the coordinator cannot wire pipelines across nodes to it.
   std::string worker_host;

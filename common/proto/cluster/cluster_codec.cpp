@@ -55,4 +55,8 @@ std::expected<void, std::string> validate_task(const v1::Task& task) {
   return checked(core::validate_task(task));
 }
 
+std::expected<void, std::string> validate_class_rates(const v1::ClassRates& rates) {
+  return checked(core::validate_class_rates(rates));
+}
+
 }  // namespace thaw::cluster

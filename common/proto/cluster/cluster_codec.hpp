@@ -30,5 +30,6 @@ std::expected<v1::FrontendReply, std::string> decode_frontend_reply(std::string_
 std::expected<void, std::string> validate_node_id(std::string_view id);
 std::expected<void, std::string> validate_model_spec(const v1::ModelSpec& spec);
 std::expected<void, std::string> validate_task(const v1::Task& task);
+std::expected<void, std::string> validate_class_rates(const v1::ClassRates& rates);
 
 }  // namespace thaw::cluster

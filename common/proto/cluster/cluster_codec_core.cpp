@@ -24,6 +24,8 @@ constexpr std::uint32_t kMaxGpus = 64;
 constexpr int kMaxListed = 4096;  // cached models, slots or tasks in one registration
 constexpr std::uint32_t kMaxStages = 64;
 constexpr std::uint32_t kMaxLayers = 100'000;
+constexpr std::uint32_t kMaxColdStartsPerNode = 4096;
+constexpr int kTrafficClasses = 4;  // bpf/traffic_class.h's THAW_CLASS_COUNT
 
 template <typename Message>
 std::string parse(std::string_view bytes, std::size_t limit, std::string_view what, Message& out) {
@@ -313,6 +315,38 @@ std::string validate_task(const v1::Task& task) {
   return {};
 }
 
+std::string validate_class_rates(const v1::ClassRates& r) {
+  auto finite_nonneg = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (!finite_nonneg(r.link_bytes_per_s()) || !finite_nonneg(r.per_cold_start_bytes_per_s())) {
+    return "link and per-cold-start rates must be finite and >= 0";
+  }
+  if (r.cold_starts() > kMaxColdStartsPerNode) {
+    return fmt::format("{} cold starts (at most {})", r.cold_starts(), kMaxColdStartsPerNode);
+  }
+  if (r.classes_size() == 0) return {};
+  if (r.classes_size() != kTrafficClasses) {
+    return fmt::format("{} classes (0 or {})", r.classes_size(), kTrafficClasses);
+  }
+  if (!(r.link_bytes_per_s() > 0)) return "class rates without a link rate";
+  double sum = 0;
+  for (int i = 0; i < r.classes_size(); ++i) {
+    const v1::ClassRate& c = r.classes(i);
+    if (!finite_nonneg(c.rate_bytes_per_s()) || !finite_nonneg(c.ceil_bytes_per_s()) ||
+        c.rate_bytes_per_s() > c.ceil_bytes_per_s() ||
+        c.ceil_bytes_per_s() > r.link_bytes_per_s()) {
+      return fmt::format("class {}: rate {} and ceiling {} must satisfy 0 <= rate <= ceiling <= "
+                         "link {}",
+                         i, c.rate_bytes_per_s(), c.ceil_bytes_per_s(), r.link_bytes_per_s());
+    }
+    sum += c.rate_bytes_per_s();
+  }
+  // A relative tolerance: the coordinator's four doubles add up to B up to rounding.
+  if (sum > r.link_bytes_per_s() * (1 + 1e-9)) {
+    return fmt::format("guaranteed rates sum to {}, above the link {}", sum, r.link_bytes_per_s());
+  }
+  return {};
+}
+
 std::string decode_node_message(std::string_view bytes, v1::NodeMessage& out) {
   if (auto e = parse(bytes, kMaxInboundBytes, "node message", out); !e.empty()) return e;
   switch (out.body_case()) {
@@ -356,6 +390,11 @@ std::string decode_coordinator_message(std::string_view bytes, v1::CoordinatorMe
       break;
     case v1::CoordinatorMessage::kTask:
       if (auto e = validate_task(out.task()); !e.empty()) return refuse(out, "task: " + e);
+      break;
+    case v1::CoordinatorMessage::kClassRates:
+      if (auto e = validate_class_rates(out.class_rates()); !e.empty()) {
+        return refuse(out, "class rates: " + e);
+      }
       break;
     default:
       return refuse(out, "coordinator message has no body");

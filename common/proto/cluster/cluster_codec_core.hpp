@@ -50,6 +50,7 @@ std::string decode_frontend_reply(std::string_view bytes, v1::FrontendReply& out
 std::string validate_node_id(std::string_view id);
 std::string validate_model_spec(const v1::ModelSpec& spec);
 std::string validate_task(const v1::Task& task);
+std::string validate_class_rates(const v1::ClassRates& rates);
 
 // `s` for an error message: in double quotes, bytes outside printable ASCII and quotes
 // escaped as \xNN, cut to 64 bytes (then "...").
