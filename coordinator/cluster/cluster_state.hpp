@@ -107,9 +107,10 @@ struct GatewayDemand {
 // outcome with on_migration_result.
 struct MigrationOrder {
   std::string plan_id;
+  bool drain = false;  // hand-over by drain: ask the pipeline to finish (where it can say so)
   std::string from_url;
   std::string to_url;
-  std::vector<std::string> stage_urls;  // every stage's pipeline worker, for the gather
+  std::vector<std::string> stage_urls;  // every stage's pipeline worker (HTTP), for the gather
 };
 
 // A model's load history, one entry per closed window, and the window being collected.
@@ -149,7 +150,7 @@ class ClusterState {
   // draining pipeline is stopped once its count is 0 in a report made after the switch.
   void on_worker_in_flight(const std::string& url, std::uint32_t in_flight, double now,
                            std::vector<Outbound>& out);
-  // KV migrations to carry out (each returned once).
+  // KV migrations (or engine drains) to carry out (each returned once).
   std::vector<MigrationOrder> take_migrations();
   // The outcome of one: done → the pipeline stops; failed → its requests drain instead
   // (gateways retry any that broke, from the prompt, on the standalone worker).

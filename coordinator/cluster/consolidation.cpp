@@ -81,7 +81,9 @@ void ClusterState::assign_ports(PlanRecord& plan) {
     if (plan.plan.stages() > 1 && s.pipeline_port() == 0) {
       s.set_pipeline_port(take_port(s.node_id()));
     }
-    if (s.stage() == 0 && s.http_port() == 0) s.set_http_port(take_port(s.node_id()));
+    // Every stage serves HTTP: stage 0 is the route, the others answer /health (readiness)
+    // and, with the reference engine, /kv (the gather of a KV migration).
+    if (s.http_port() == 0) s.set_http_port(take_port(s.node_id()));
   }
 }
 
@@ -247,14 +249,14 @@ void ClusterState::advance(PlanRecord& plan, double now, std::vector<Outbound>& 
         plan.handover_since = now;
         p.set_handover(config_.handover == ClusterConfig::Handover::kv_transfer ? "kv-transfer"
                                                                                 : "drain");
-        if (p.handover() == "kv-transfer" && !plan.migration_started) {
+        if (!plan.migration_started) {
           MigrationOrder order;
           order.plan_id = p.id();
+          order.drain = p.handover() == "drain";
           order.from_url = url_of(worker_host(first->node_id()), first->http_port());
           order.to_url = stage_of(p, standalone_stages(plan).front())->standalone_url();
           for (const v1::PlannedStage& s : p.placement()) {
-            order.stage_urls.push_back(
-                fmt::format("{}:{}", worker_host(s.node_id()), s.pipeline_port()));
+            order.stage_urls.push_back(url_of(worker_host(s.node_id()), s.http_port()));
           }
           migrations_.push_back(std::move(order));
           plan.migration_started = true;
@@ -358,7 +360,17 @@ void ClusterState::on_migration_result(const std::string& plan_id, bool ok,
   auto it = plans_.find(plan_id);
   if (it == plans_.end() || it->second.plan.phase() != v1::PHASE_HANDOVER) return;
   PlanRecord& plan = it->second;
-  if (ok) {
+  if (plan.plan.handover() == "drain") {
+    // The engine said its pipeline finished every request it had; else gateways' counts
+    // decide.
+    if (ok) {
+      plan.plan.set_in_flight(0);
+      plan.plan.set_phase(v1::PHASE_STOPPING);
+    } else {
+      plan.plan.set_phase_error("the engine's drain failed, waiting for gateways' counts: " +
+                                error);
+    }
+  } else if (ok) {
     // Every request moved with its KV cache: nothing is left on the pipeline.
     plan.plan.set_in_flight(0);
     plan.plan.set_phase(v1::PHASE_STOPPING);

@@ -158,15 +158,15 @@ TEST(Consolidation, EachStageIsLaunchedWiredToItsPeersWithItsLayers) {
     }
     EXPECT_EQ(t.layer_begin(), t.stage() == 0 ? 0u : 16u);
     EXPECT_EQ(t.layer_end(), t.stage() == 0 ? 16u : 32u);
-    EXPECT_EQ(t.http_port() != 0, t.stage() == 0) << "only stage 0 serves HTTP";
+    EXPECT_NE(t.http_port(), 0u) << "every stage answers /health (and /kv)";
     EXPECT_FALSE(t.standalone());
     peers.insert(t.peers().begin(), t.peers().end());
   }
   EXPECT_EQ(peers.size(), 2u);
   std::set<std::uint32_t> ports = {plan.placement(0).pipeline_port(),
-                                   plan.placement(1).pipeline_port(),
-                                   plan.placement(0).http_port()};
-  EXPECT_EQ(ports.size(), 3u) << "every port the plan uses is its own";
+                                   plan.placement(1).pipeline_port(), plan.placement(0).http_port(),
+                                   plan.placement(1).http_port()};
+  EXPECT_EQ(ports.size(), 4u) << "every port the plan uses is its own";
   for (std::uint32_t p : ports) EXPECT_GE(p, 30000u);
   // Cold-starting: the gateway holds requests for it; no URL yet.
   EXPECT_EQ(plan.phase(), v1::PHASE_COLD_STARTING);
@@ -224,6 +224,11 @@ TEST(Consolidation, ScaleDownLoadsAStandaloneWorkerDrainsThePipelineThenStopsIt)
   EXPECT_EQ(p.placement(0).standalone_url(), "http://10.0.0." + h.node_of(0).substr(1) + ":" +
                                                  std::to_string(standalone[0].http_port()));
   const std::string pipeline_url = p.placement(0).worker_url();
+  // The server asks the engine to drain too (where it can say when it is done).
+  const auto orders = h.state.take_migrations();
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_TRUE(orders[0].drain);
+  EXPECT_EQ(orders[0].from_url, pipeline_url);
 
   // Requests still on the pipeline: nothing stops. A count from before the switch (t = 1.5)
   // does not count as drained.
@@ -274,7 +279,9 @@ TEST(Consolidation, KvTransferMigratesThenStopsAndAFailedMigrationDrainsInstead)
     EXPECT_EQ(orders[0].plan_id, h.plan_id);
     EXPECT_EQ(orders[0].from_url, h.plan().placement(0).worker_url());
     EXPECT_EQ(orders[0].to_url, h.plan().placement(0).standalone_url());
-    EXPECT_EQ(orders[0].stage_urls.size(), 2u);
+    ASSERT_EQ(orders[0].stage_urls.size(), 2u);
+    EXPECT_EQ(orders[0].stage_urls[0], orders[0].from_url);
+    EXPECT_FALSE(orders[0].drain);
     EXPECT_TRUE(h.state.take_migrations().empty()) << "each order is handed out once";
     // Requests on the pipeline: the engines' answer ends the migration.
     std::vector<Outbound> out;
@@ -292,6 +299,20 @@ TEST(Consolidation, KvTransferMigratesThenStopsAndAFailedMigrationDrainsInstead)
       EXPECT_EQ(tasks_of(out, v1::TASK_STOP_WORKER).size(), 2u);
     }
   }
+}
+
+TEST(Consolidation, AnEngineThatSaysItDrainedEndsTheHandOver) {
+  Harness h;
+  h.cold_start();
+  h.to_handover();
+  ASSERT_EQ(h.state.take_migrations().size(), 1u);
+  std::vector<Outbound> out;
+  h.state.on_migration_result(h.plan_id, false, "404 /drain", 3, out);
+  EXPECT_EQ(h.plan().phase(), v1::PHASE_HANDOVER) << "no answer from the engine: counts decide";
+  EXPECT_TRUE(tasks_of(out, v1::TASK_STOP_WORKER).empty());
+  h.state.on_migration_result(h.plan_id, true, "", 4, out);
+  EXPECT_EQ(h.plan().phase(), v1::PHASE_STOPPING);
+  EXPECT_EQ(tasks_of(out, v1::TASK_STOP_WORKER).size(), 2u);
 }
 
 TEST(Consolidation, AStandaloneWorkerThatDiesLeavesThePipelineServing) {
