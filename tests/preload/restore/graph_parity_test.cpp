@@ -60,19 +60,20 @@ class GraphParity : public ThawdFixture {
 
   fs::path model() const { return dir_.path() / "cache" / "gpt-syn"; }
 
-  ParityRun run(const std::string& tag) {
+  // Under the shim with --thaw-restore, or (`thaw` false) the engine alone, as a user runs it.
+  ParityRun run(const std::string& tag, bool thaw = true) {
     const fs::path shim_log = dir_.path() / (tag + ".shim.log");
     const fs::path logits = dir_.path() / (tag + ".logits.json");
     const fs::path dump = dir_.path() / (tag + ".graphs.json");
     const std::string env =
-        "LD_PRELOAD=" THAW_PRELOAD_LIB " THAW_SOCKET=" + socket_path().string() +
-        " THAW_PRELOAD_LOG=" + shim_log.string() + " THAW_PRELOAD_LEASE=0";
+        !thaw ? std::string()
+              : "LD_PRELOAD=" THAW_PRELOAD_LIB " THAW_SOCKET=" + socket_path().string() +
+                    " THAW_PRELOAD_LOG=" + shim_log.string() + " THAW_PRELOAD_LEASE=0";
     ParityRun r;
-    r.engine = refengine_test::run_engine(
-        refengine_test::small_generate_args(
-            model(), {"--cuda-graph-sizes", "1,2,4", "--thaw-restore", "--logits-out",
-                      logits.string(), "--dump-graphs", dump.string()}),
-        env);
+    std::vector<std::string> args = {"--cuda-graph-sizes", "1,2,4",         "--logits-out",
+                                     logits.string(),      "--dump-graphs", dump.string()};
+    if (thaw) args.push_back("--thaw-restore");
+    r.engine = refengine_test::run_engine(refengine_test::small_generate_args(model(), args), env);
     r.shim_log = thaw::testing::slurp(shim_log);
     r.logits = thaw::testing::slurp(logits);
     r.graphs = json::parse(thaw::testing::slurp(dump), nullptr, false);
@@ -129,6 +130,27 @@ TEST_F(GraphParity, AssistedRestoreIsNodeForNodeTheLiveCapture) {
   EXPECT_EQ(restored.tokens(), live.tokens());
   EXPECT_FALSE(live.logits.empty());
   EXPECT_TRUE(restored.logits == live.logits) << "logits of the restored graphs differ";
+
+  // The engine alone, without thaw, captures the same graphs but for where its buffers are: the
+  // same kernels, geometry and edges, the same tokens and logits. (Its addresses differ, so the
+  // parameter bytes and memset/memcpy addresses are left out here; that they differ shows the
+  // comparison above is not blind to pointers.)
+  const ParityRun plain = run("plain", false);
+  expect_every_size(plain, "captured");
+  EXPECT_EQ(plain.tokens(), live.tokens());
+  EXPECT_TRUE(plain.logits == live.logits) << "logits of a run without thaw differ";
+  auto without_addresses = [](json dump) {
+    for (auto& [size, g] : dump.items()) {
+      for (auto& n : g["nodes"]) {
+        for (const char* key : {"params", "dst", "src", "address"}) n.erase(key);
+      }
+    }
+    return dump;
+  };
+  EXPECT_NE(plain.graphs, live.graphs);
+  const auto plain_diffs =
+      graph_dump_differences(without_addresses(live.graphs), without_addresses(plain.graphs));
+  EXPECT_TRUE(plain_diffs.empty()) << joined(plain_diffs);
 
   // The comparison catches one wrong thing in a hand-edited copy of the restored dump.
   const json& good = restored.graphs;
