@@ -9,6 +9,7 @@
 #                                        --with-node) with ENV and RESTORE_LIB set
 # On the node (INNER sources "$RESTORE_LIB"; it sets `args`, the engine's arguments):
 #   restore_run NAME      one engine run; NAME.{timeline,out,err,shim.log} in $NODE_WORK
+#                         (RUN_ENV="VAR=value ...": more environment for that run)
 #   restore_show_errs NAME...  each run's stderr, prefixed with its name
 #   restore_tokens NAME   the generated tokens of run NAME
 #   restore_same_tokens A B    fails the bench unless runs A and B generated the same tokens
@@ -33,7 +34,9 @@ restore_bench_node() {
 }
 
 restore_run() {
-  env LD_PRELOAD="$PRELOAD" THAW_PRELOAD_LOG="$NODE_WORK/$1.shim.log" "$REFENGINE" "${args[@]}" \
+  # shellcheck disable=SC2086  # RUN_ENV is a list of VAR=value words
+  env LD_PRELOAD="$PRELOAD" THAW_PRELOAD_LOG="$NODE_WORK/$1.shim.log" ${RUN_ENV:-} \
+    "$REFENGINE" "${args[@]}" \
     --timeline "$NODE_WORK/$1.timeline" >"$NODE_WORK/$1.out" 2>"$NODE_WORK/$1.err" ||
     { echo "engine run $1 failed: $(tail -3 "$NODE_WORK/$1.err")" >&2; exit 1; }
 }

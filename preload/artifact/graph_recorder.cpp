@@ -106,7 +106,8 @@ void GraphRecorder::capture_began(std::uint64_t capture, std::uint64_t allocatio
   began_[capture] = Began{allocations, std::exchange(next_label_, std::string())};
 }
 
-void GraphRecorder::capture_ended(std::uint64_t capture, CUgraph graph, bool layout_active) {
+void GraphRecorder::capture_ended(std::uint64_t capture, CUgraph graph, bool layout_active,
+                                  const RecordedGraph* known) {
   RecordedGraph g;
   std::optional<Began> began;
   {
@@ -123,7 +124,13 @@ void GraphRecorder::capture_ended(std::uint64_t capture, CUgraph graph, bool lay
   g.allocation_index = began->allocations;
   g.label = std::move(began->label);
   const auto start = std::chrono::steady_clock::now();
-  const std::optional<std::string> incomplete = walk(graph, g);
+  std::optional<std::string> incomplete;
+  if (known != nullptr) {  // rebuilt from a record this run: its nodes are the record's
+    g.nodes = known->nodes;
+    g.edges = known->edges;
+  } else {
+    incomplete = walk(graph, g);
+  }
   const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::steady_clock::now() - start);
   {

@@ -125,7 +125,8 @@ CUresult end(End end_capture, CUstream stream, CUgraph* graph, bool per_thread) 
   // Whatever the answer, the capture is over once the stream no longer takes part in it.
   if (before && capture_id(stream, per_thread) != before) runtime().captures().ended(*before);
   if (r == CUDA_SUCCESS && before && graphs != nullptr && graph != nullptr && *graph != nullptr) {
-    graphs->capture_ended(*before, *graph, layout_active());
+    graphs->capture_ended(*before, *graph, layout_active(),
+                          restored ? restored->recorded : nullptr);
   }
   return r;
 }

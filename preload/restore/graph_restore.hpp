@@ -259,8 +259,11 @@ class GraphRestore {
   Fetched fetch_record(const graphs::GraphIdentity& id) const;  // without the lock
   const Fetched& fetch_locked(std::unique_lock<std::mutex>& lock);
   // The checks of one recorded graph, under mutex_.
-  std::expected<Plan, GraphRestoreResult> plan_graph_locked(GraphBuildDriver& driver,
-                                                            const graphs::RecordedGraph& g);
+  // `functions`: the kernels' functions already resolved (and launched) this capture, not
+  // asked of the driver again.
+  std::expected<Plan, GraphRestoreResult> plan_graph_locked(
+      GraphBuildDriver& driver, const graphs::RecordedGraph& g,
+      const std::vector<CUfunction>* functions = nullptr);
   bool prebuild_transparent();
   // The checks, under mutex_: the graph labelled `label` may be built now, or why not.
   std::expected<Plan, GraphRestoreResult> plan_locked(GraphBuildDriver& driver,

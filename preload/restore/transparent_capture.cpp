@@ -115,10 +115,29 @@ std::vector<CUgraphNode> graph_nodes(CUgraph graph) {
   return out;
 }
 
-// How many nodes the driver captured on the elided stream meanwhile (calls the shim does not
-// hook: memcpys, memsets, ...).
+// How many nodes the driver captured meanwhile (calls the shim does not hook: memcpys,
+// memsets, ...): all of the capture's graph.
 std::size_t captured_nodes(const Elision& e) {
   return graph_nodes(capture_graph(e.stream, e.per_thread)).size();
+}
+
+// Whether the driver captured a node on the elided stream meanwhile, with one query (at every
+// elided launch): the stream began with no dependencies, so any means a node. A node of another
+// stream can join the capture only through an event of this one (hooked: it stops the
+// elision) — and the end counts every node of the graph.
+bool captured_on_stream(const Elision& e) {
+  using V3 = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                          const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+  static const auto v3 = driver_fn<V3>("cuStreamGetCaptureInfo_v3");
+  static const auto v3_ptsz = driver_fn<V3>("cuStreamGetCaptureInfo_v3_ptsz");
+  const V3 fn = e.per_thread ? v3_ptsz : v3;
+  if (fn == nullptr) return captured_nodes(e) != 0;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  size_t deps = 0;
+  if (fn(e.stream, &status, nullptr, nullptr, nullptr, nullptr, &deps) != CUDA_SUCCESS) {
+    return captured_nodes(e) != 0;
+  }
+  return deps != 0;
 }
 
 std::vector<void*> param_pointers(KeptLaunch& k) {
@@ -295,7 +314,8 @@ std::optional<CUresult> transparent_launch(LaunchKernelFn real, CUfunction f, un
   auto it = find(s, stream);
   if (it == s.active.end()) return std::nullopt;
   Elision& e = *it;
-  if (std::size_t n = captured_nodes(e); n != 0) {
+  if (captured_on_stream(e)) {
+    const std::size_t n = captured_nodes(e);
     const CUresult r = fall_back(s, it, "captured outside the shim",
                                  fmt::format("the driver captured {} node(s) the shim does not "
                                              "elide",
@@ -373,7 +393,7 @@ std::optional<TransparentEnd> transparent_capture_ending(CUstream stream) {
     s.handed[taken->graph] = State::Handed{taken->exec, taken->flags};
     g_handed.fetch_add(1, std::memory_order_relaxed);
   }
-  TransparentEnd end{taken->graph};
+  TransparentEnd end{taken->graph, e.match.graph};
   s.active.erase(it);
   g_eliding.fetch_sub(1, std::memory_order_relaxed);
   return end;

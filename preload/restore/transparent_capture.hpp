@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "common/graphs/graph_record.hpp"
+
 namespace thaw::preload {
 
 namespace transparent_detail {
@@ -46,6 +48,7 @@ void transparent_capture_began(CUstream stream, bool per_thread);
 // launches, if any, were replayed: the real end returns the live graph).
 struct TransparentEnd {
   CUgraph graph = nullptr;
+  const graphs::RecordedGraph* recorded = nullptr;  // what it was rebuilt from
 };
 std::optional<TransparentEnd> transparent_capture_ending(CUstream stream);
 // After the real end of a capture transparent_capture_ending handed a graph for: `r` and the
