@@ -4,10 +4,12 @@
 Through the CUDA driver API with ctypes (the driver from $THAW_LIBCUDA, thaw's emulator), the
 way PyTorch reaches the driver: it loads the checkpoint's tensors (a private mmap of each
 safetensors file in thawd's cache, cuMemAlloc + cuMemcpyHtoD per tensor, so the shim sees an
-engine load a model and the run gets a layout identity), then captures a "decode step" on a
-stream — memsets of a buffer whose values depend on the prompt and a device-to-device copy of
-it — instantiates the graph, replays it once per step and reads the buffer back: its SHA-256
-and the first values are the run's logits. Its tokens are derived from those bytes."""
+engine load a model and the run gets a layout identity), loads the reference engine's kernel
+module ($FAKE_CUBIN, cuModuleLoadData; the emulator runs the kernels' CPU twins), then captures
+a "decode step" on a stream — a chain of residual_add_f32 and gelu_new_f32 launches on a buffer
+whose values depend on the prompt — instantiates the graph, replays it once per step and reads
+the buffer back after each: the SHA-256 of those bytes and the first values are the run's
+logits, its tokens are derived from them."""
 import argparse, ctypes, hashlib, json, mmap, os, struct, sys
 
 p = argparse.ArgumentParser()
@@ -74,20 +76,39 @@ for name in sorted(os.listdir(a.model)):
         check(h2d(d.value, ctypes.addressof(ctypes.c_char.from_buffer(m, 8 + hl + b)), e - b),
               f"cuMemcpyHtoD({k})")
 
+doc["phase"] = "module"
+with open(os.environ["FAKE_CUBIN"], "rb") as f:
+    image = f.read()
+module, add_fn, gelu_fn = vp(), vp(), vp()
+check(fn("cuModuleLoadData", ctypes.POINTER(vp), ctypes.c_char_p)(ctypes.byref(module), image),
+      "cuModuleLoadData")
+get_fn = fn("cuModuleGetFunction", ctypes.POINTER(vp), vp, ctypes.c_char_p)
+check(get_fn(ctypes.byref(add_fn), module, b"residual_add_f32"), "cuModuleGetFunction(residual_add_f32)")
+check(get_fn(ctypes.byref(gelu_fn), module, b"gelu_new_f32"), "cuModuleGetFunction(gelu_new_f32)")
+
 doc["phase"] = "capture"
 N = 4096
-buf, out = u64(), u64()
+buf, y = u64(), u64()
 check(alloc(ctypes.byref(buf), N * 4), "cuMemAlloc(buf)")
-check(alloc(ctypes.byref(out), N * 4), "cuMemAlloc(out)")
+check(alloc(ctypes.byref(y), N * 4), "cuMemAlloc(y)")
+ids = [int(t) for t in a.prompt_ids.split(",")]
+memset = fn("cuMemsetD32", u64, ctypes.c_uint, ctypes.c_size_t)
+# Floats from the prompt, set before the capture (memset nodes are not what an engine's decode
+# step is made of).
+check(memset(buf.value, 0x3f000000 + sum(ids) % 4096, N), "cuMemsetD32(buf)")
+check(memset(y.value, 0x3c000000 + len(ids), N), "cuMemsetD32(y)")
 stream, graph, exe = vp(), vp(), vp()
 check(fn("cuStreamCreate", ctypes.POINTER(vp), ctypes.c_uint)(ctypes.byref(stream), 1), "cuStreamCreate")
-ids = [int(t) for t in a.prompt_ids.split(",")]
+launch = fn("cuLaunchKernel", vp, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+            ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, vp, ctypes.POINTER(vp), ctypes.POINTER(vp))
+p_buf, p_y, p_n = u64(buf.value), u64(y.value), ctypes.c_int(N)
+add_args = (vp * 3)(ctypes.cast(ctypes.byref(p_buf), vp), ctypes.cast(ctypes.byref(p_y), vp),
+                    ctypes.cast(ctypes.byref(p_n), vp))
+gelu_args = (vp * 2)(ctypes.cast(ctypes.byref(p_buf), vp), ctypes.cast(ctypes.byref(p_n), vp))
 check(fn("cuStreamBeginCapture", vp, ctypes.c_int)(stream, 0), "cuStreamBeginCapture")
-memset = fn("cuMemsetD32Async", u64, ctypes.c_uint, ctypes.c_size_t, vp)
-check(memset(buf.value, sum(ids) * 2654435761 % 2**32, N, stream), "cuMemsetD32Async")
-check(memset(buf.value, len(ids), N // 4, stream), "cuMemsetD32Async")
-check(fn("cuMemcpyDtoDAsync", u64, u64, ctypes.c_size_t, vp)(out.value, buf.value, N * 4, stream),
-      "cuMemcpyDtoDAsync")
+for _ in range(3):
+    check(launch(add_fn, N // 256, 1, 1, 256, 1, 1, 0, stream, add_args, None), "cuLaunchKernel(add)")
+    check(launch(gelu_fn, N // 256, 1, 1, 256, 1, 1, 0, stream, gelu_args, None), "cuLaunchKernel(gelu)")
 check(fn("cuStreamEndCapture", vp, ctypes.POINTER(vp))(stream, ctypes.byref(graph)), "cuStreamEndCapture")
 check(fn("cuGraphInstantiateWithFlags", ctypes.POINTER(vp), vp, ctypes.c_ulonglong)(
     ctypes.byref(exe), graph, 1), "cuGraphInstantiateWithFlags")
@@ -97,7 +118,7 @@ host = (ctypes.c_uint32 * N)()
 for _ in range(a.steps):
     check(fn("cuGraphLaunch", vp, vp)(exe, stream), "cuGraphLaunch")
     check(fn("cuStreamSynchronize", vp)(stream), "cuStreamSynchronize")
-    check(fn("cuMemcpyDtoH", vp, u64, ctypes.c_size_t)(ctypes.addressof(host), out.value, N * 4),
+    check(fn("cuMemcpyDtoH", vp, u64, ctypes.c_size_t)(ctypes.addressof(host), buf.value, N * 4),
           "cuMemcpyDtoH")
     h.update(bytes(host))
 doc.update({"tokens": [int(host[0]) % 50000, int(host[N - 1]) % 50000],
