@@ -21,6 +21,8 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "engine_process.hpp"
@@ -36,10 +38,22 @@ using Tokens = std::vector<std::int32_t>;
 const fs::path kModel = fs::path(REFENGINE_TEST_MODELS) / "gpt2-mini-f16";  // 4 layers
 constexpr int kDevices = 6;
 
+// free_port(), never one this test process handed out before: a pipeline's peer ports are
+// chosen before its HTTP ports, and nothing holds them in between.
+int unique_port() {
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard lock(mu);
+  for (;;) {
+    const int p = free_port();
+    if (p != 0 && given.insert(p).second) return p;
+  }
+}
+
 // One `refengine serve` process; SIGKILLed with the test process (PR_SET_PDEATHSIG).
 class Serve {
  public:
-  Serve(std::vector<std::string> extra, int device) : port_(free_port()) {
+  Serve(std::vector<std::string> extra, int device) : port_(unique_port()) {
     static std::atomic<int> n{0};
     log_ = fs::temp_directory_path() /
            ("refengine_kv_" + std::to_string(::getpid()) + "_" + std::to_string(n++) + ".log");
@@ -132,7 +146,7 @@ struct Pipeline {
   Pipeline(int n, std::vector<std::string> stage0_extra = {}) {
     std::string peers;
     for (int k = 0; k < n; ++k)
-      peers += (k ? "," : "") + std::string("127.0.0.1:") + std::to_string(free_port());
+      peers += (k ? "," : "") + std::string("127.0.0.1:") + std::to_string(unique_port());
     for (int k = n - 1; k >= 0; --k) {
       std::vector<std::string> a = {"--pp-size",       std::to_string(n), "--pp-rank",
                                     std::to_string(k), "--pp-peers",      peers};
@@ -272,10 +286,13 @@ TEST_F(KvMigration, PipelinesOfTwoAndFourStagesAnswerLikeOneWorker) {
   }
 }
 
-TEST_F(KvMigration, MidGenerationRequestsMoveWithTheirKvAndFinishLikeOneWorker) {
+// From a pipeline of GetParam() stages.
+class KvMigrationFrom : public KvMigration, public ::testing::WithParamInterface<int> {};
+
+TEST_P(KvMigrationFrom, MidGenerationRequestsMoveWithTheirKvAndFinishLikeOneWorker) {
   // The full worker steps slowly too, so that it can be paused while the moved requests run.
   Serve target({"--step-delay-ms", "20"}, 5);
-  Pipeline pp(2, {"--step-delay-ms", "25"});
+  Pipeline pp(GetParam(), {"--step-delay-ms", "25"});
   ASSERT_TRUE(target.ready()) << target.log();
   ASSERT_TRUE(pp.ready()) << pp.logs();
   const auto want = reference(target, kLong);
@@ -374,6 +391,9 @@ TEST_F(KvMigration, MidGenerationRequestsMoveWithTheirKvAndFinishLikeOneWorker) 
     EXPECT_TRUE(found) << j.dump();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Stages, KvMigrationFrom, ::testing::Values(2, 4),
+                         [](const auto& info) { return "PP" + std::to_string(info.param); });
 
 TEST_F(KvMigration, AStageCrashingMidMigrationRestartsTheRequestFromItsPrompt) {
   Serve target({}, 5);
