@@ -203,6 +203,18 @@ void CoordinatorServer::on_frontend_frames() {
     reply = state_.on_frontend_request(*request, now(), out);
     if (request->body_case() == v1::FrontendRequest::kLoad) {
       gateways_.load(request->load(), now());
+      // HydraServe §6.1's window on the model's load summed over the live gateways.
+      if (request->load().window_s() > 0 && reply.error().empty()) {
+        const auto loads = gateways_.loads(now());
+        if (auto l = loads.find(request->load().model()); l != loads.end()) {
+          GatewayDemand demand;
+          demand.queue_length = static_cast<std::uint32_t>(
+              std::min<std::uint64_t>(l->second.queue_length, UINT32_MAX));
+          demand.concurrent_requests = l->second.concurrent_requests;
+          demand.arrivals = l->second.arrivals;
+          state_.on_gateway_demand(l->first, demand, now(), out);
+        }
+      }
     } else if (request->body_case() == v1::FrontendRequest::kDeploy && reply.error().empty()) {
       deployed_.insert(request->deploy().model().name());
     }
@@ -244,6 +256,23 @@ void CoordinatorServer::push_routes() {
   }
 }
 
+void CoordinatorServer::run_handovers() {
+  for (MigrationOrder& order : state_.take_migrations()) {
+    options_.log(LOG_NOTICE,
+                 fmt::format("plan {}: hand-over by {} from {} to {}", order.plan_id,
+                             order.drain ? "drain" : "KV migration", order.from_url, order.to_url));
+    handovers_.start(std::move(order));
+  }
+  for (const HandoverResult& r : handovers_.finished()) {
+    options_.log(r.ok ? LOG_NOTICE : LOG_WARNING,
+                 fmt::format("plan {}: hand-over {}{}", r.plan_id, r.ok ? "done" : "failed",
+                             r.error.empty() ? "" : ": " + r.error));
+    std::vector<Outbound> out;
+    state_.on_migration_result(r.plan_id, r.ok, r.error, now(), out);
+    send(out);
+  }
+}
+
 void CoordinatorServer::run(int stop_fd) {
   double next_tick = 0;
   for (;;) {
@@ -279,6 +308,7 @@ void CoordinatorServer::run(int stop_fd) {
     for (int i = 0; i < 100 && (frontend_.get(zmq::sockopt::events) & ZMQ_POLLIN); ++i) {
       on_frontend_frames();
     }
+    run_handovers();
     // Plans, workers and deployments change only through the messages and ticks above.
     push_routes();
   }

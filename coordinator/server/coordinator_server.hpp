@@ -32,6 +32,7 @@
 #include "coordinator/cluster/class_rate_dispatch.hpp"
 #include "coordinator/cluster/cluster_state.hpp"
 #include "coordinator/server/gateway_hub.hpp"
+#include "coordinator/server/handover_runner.hpp"
 #include "coordinator/server/node_allow_list.hpp"
 #include "coordinator/server/zap_handler.hpp"
 
@@ -82,6 +83,8 @@ class CoordinatorServer {
   double now() const;
   // Pushes the route table to every live gateway when it changed.
   void push_routes();
+  // Starts the hand-overs ClusterState ordered and feeds back those that ended.
+  void run_handovers();
 
   ServerOptions options_;
   ClusterState state_;
@@ -96,6 +99,7 @@ class CoordinatorServer {
   std::string frontend_endpoint_;
   ServerCounters counters_;
   GatewayHub gateways_;
+  HandoverRunner handovers_;
   std::set<std::string> deployed_;  // models deployed in this run (plans() has the rebuilt ones)
 };
 

@@ -68,6 +68,18 @@ v1::RouteTable GatewayHub::routes(const std::map<std::string, PlanRecord>& plans
     std::vector<v1::WorkerRoute>& workers = by_model[plan.model()];
     bool any = false;
     for (const v1::PlannedStage& stage : plan.placement()) {
+      // The standalone worker consolidation started on this stage's node (cluster_state.hpp).
+      if (stage.standalone_route() != v1::WORKER_STATE_UNSPECIFIED &&
+          !stage.standalone_url().empty()) {
+        v1::WorkerRoute w;
+        w.set_url(stage.standalone_url());
+        w.set_state(stage.standalone_route());
+        w.set_plan_id(plan.id());
+        w.set_stage(stage.stage());
+        w.set_node_id(stage.node_id());
+        workers.push_back(std::move(w));
+        any = true;
+      }
       if (stage.route_state() == v1::WORKER_STATE_UNSPECIFIED) continue;
       // A serving or draining worker without an address cannot be routed to; the codec
       // would refuse the whole table for it.

@@ -1,0 +1,74 @@
+#include "coordinator/server/handover_runner.hpp"
+
+#include <fmt/format.h>
+
+#include "kv_migrate.hpp"
+
+namespace thaw::coordinator {
+namespace {
+
+// Each HTTP call of a migration; a drain waits for whole requests, so it may take longer.
+constexpr int kCallTimeoutMs = 60'000;
+constexpr int kDrainTimeoutMs = 600'000;
+
+}  // namespace
+
+HandoverResult refengine_handover(const MigrationOrder& order) {
+  HandoverResult result{order.plan_id, false, ""};
+  if (order.drain) {
+    auto ok = refengine::drain(order.from_url, kDrainTimeoutMs);
+    result.ok = ok.has_value();
+    if (!ok) result.error = ok.error();
+    return result;
+  }
+  refengine::MigrationPlan plan;
+  plan.stages = order.stage_urls;
+  plan.target = order.to_url;
+  plan.timeout_ms = kCallTimeoutMs;
+  auto moved = refengine::migrate(plan);
+  if (!moved) {
+    result.error = moved.error();
+    return result;
+  }
+  // A request the standalone worker could not take stays on the pipeline (unpaused): the
+  // pipeline must then drain, so this is not a completed migration.
+  std::size_t stayed = 0;
+  std::string why;
+  for (const refengine::MovedRequest& r : *moved) {
+    if (r.how == "stayed") {
+      ++stayed;
+      why = r.why;
+    }
+  }
+  if (stayed > 0) {
+    result.error =
+        fmt::format("{} of {} request(s) stayed on the pipeline ({})", stayed, moved->size(), why);
+    return result;
+  }
+  result.ok = true;
+  return result;
+}
+
+HandoverRunner::HandoverRunner(Executor executor) : executor_(std::move(executor)) {}
+
+HandoverRunner::~HandoverRunner() {
+  threads_.clear();
+}  // jthread joins
+
+void HandoverRunner::start(MigrationOrder order) {
+  std::lock_guard lock(mutex_);
+  threads_.emplace_back([this, order = std::move(order)] {
+    HandoverResult r = executor_(order);
+    std::lock_guard inner(mutex_);
+    done_.push_back(std::move(r));
+  });
+}
+
+std::vector<HandoverResult> HandoverRunner::finished() {
+  std::lock_guard lock(mutex_);
+  std::vector<HandoverResult> out;
+  out.swap(done_);
+  return out;
+}
+
+}  // namespace thaw::coordinator
