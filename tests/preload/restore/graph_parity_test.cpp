@@ -200,6 +200,34 @@ TEST_F(GraphParity, AssistedRestoreIsNodeForNodeTheLiveCapture) {
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
+// --dump-graphs on the engine variant that links libcuda.so.1 (found with dlsym(RTLD_DEFAULT)
+// there) describes the same graphs; on a driver without the emulator's inspection calls it is a
+// clear error, not an empty or partial dump.
+TEST_F(GraphParity, DumpGraphsWorksLinkedAndNeedsTheEmulator) {
+  const fs::path dump = dir_.path() / "linked.graphs.json";
+  const auto args = refengine_test::small_generate_args(
+      model(), {"--cuda-graph-sizes", "1,2", "--dump-graphs", dump.string()});
+  const auto linked = refengine_test::run_engine(args, {}, REFENGINE_LINKED_BIN);
+  ASSERT_EQ(linked.exit_code, 0) << linked.err;
+  const json graphs = json::parse(thaw::testing::slurp(dump), nullptr, false);
+  ASSERT_TRUE(graphs.is_object());
+  EXPECT_EQ(graphs.size(), 2u) << graphs.dump().substr(0, 400);
+  EXPECT_GT(graphs["1"]["nodes"].size(), 1u);
+
+  fs::remove(dump);
+  const auto real = refengine_test::run_engine(
+      args, "REFENGINE_LIBCUDA=" DRIVER_WITHOUT_INSPECTION);  // (the later assignment wins)
+  EXPECT_EQ(real.exit_code, 1) << real.err;
+  EXPECT_NE(
+      real.err.find("refengine: error: --dump-graphs needs thaw's CUDA driver emulator "
+                    "(its thawEmuDescribeGraphExec call): the driver " DRIVER_WITHOUT_INSPECTION
+                    " has none"),
+      std::string::npos)
+      << real.err;
+  EXPECT_FALSE(fs::exists(dump));
+  EXPECT_EQ(stop_thawd(), 0) << log();
+}
+
 // The description itself, on the emulator in this process: a graph built in another creation
 // order describes the same (the canonical order), its executable graph describes the same nodes
 // and edges, one different memset value does not; misuse gets the documented errors.
