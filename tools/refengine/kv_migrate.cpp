@@ -66,6 +66,8 @@ std::expected<void, std::string> gather(const MigrationPlan& plan, std::vector<H
                                         Http& target, const json& r) {
   const std::uint64_t id = r.at("request_id").get<std::uint64_t>();
   const json ask{{"request_id", id}, {"blocks", r.at("blocks")}, {"kv_tokens", r.at("kv_tokens")}};
+  // A half-done import left by an interrupted migration would refuse the layers it holds.
+  (void)post_json(target, "/kv/abort", {{"request_id", id}});
   for (std::size_t k = 0; k < stages.size(); ++k) {
     if (plan.before_export) plan.before_export(int(k), id);
     auto blob = checked(stages[k].client.Post("/kv/export", ask.dump(), "application/json"),
@@ -128,7 +130,15 @@ std::expected<std::vector<MovedRequest>, std::string> migrate(const MigrationPla
                 {"max_tokens", r.at("max_tokens")},
                 {"ignore_eos", r.at("ignore_eos")}};
     std::string why;
-    if (!has_kv) {
+    // A migration begun before (the coordinator restarted): the nodes hold the state. A request
+    // the full worker resumed already needs only stage 0's release; a half-done import of one
+    // it did not is dropped and gathered again.
+    if (auto known =
+            target.client.Get(fmt::format("/kv/result?request_id={}", m.request_id).c_str());
+        known && (known->status == 200 || known->status == 202)) {
+      m.how = "earlier";
+      m.why = "resumed on the full worker by an earlier migration";
+    } else if (!has_kv) {
       why = "it had not started: nothing to migrate";
     } else if (!cover_error.empty()) {
       why = cover_error;
@@ -157,6 +167,7 @@ std::expected<std::vector<MovedRequest>, std::string> migrate(const MigrationPla
         any_stayed = true;
       }
     }
+    if (m.how != "stayed" && plan.after_resume) plan.after_resume(m.request_id);
     if (m.how != "stayed")
       m.released = post_json(stages[0], "/kv/release", {{"request_id", m.request_id}}).has_value();
     out.push_back(std::move(m));

@@ -22,12 +22,16 @@ struct MigrationPlan {
   int timeout_ms = 60000;           // each HTTP call
   // Called before stage `rank` exports request `id` (tests inject a crash here).
   std::function<void(int rank, std::uint64_t id)> before_export;
+  // Called after the full worker resumed request `id`, before stage 0 releases it (tests stop
+  // a coordinator there).
+  std::function<void(std::uint64_t id)> after_resume;
 };
 
 struct MovedRequest {
   std::uint64_t request_id = 0;  // stage 0's id; the full worker's /kv/result knows it by it
   // "kv": resumed over the migrated KV; "prompt": restarted from its prompt (why says why);
-  // "stayed": still on the pipeline (unpaused), why says why.
+  // "stayed": still on the pipeline (unpaused), why says why; "earlier": an earlier, interrupted
+  // migrate() had resumed it on the full worker already (only the release was left).
   std::string how;
   std::string why;
   std::vector<std::int32_t> prompt, generated_before;  // as stage 0 listed it

@@ -430,6 +430,59 @@ TEST_F(KvMigration, AStageCrashingMidMigrationRestartsTheRequestFromItsPrompt) {
   EXPECT_EQ(abort->status, 404) << abort->body;
 }
 
+// The coordinator dies twice mid-consolidation; each restarted one calls migrate() again and
+// goes on from what the nodes hold: a request resumed but not released is only released, a
+// half-imported one is gathered again; each request answers once, like one worker.
+TEST_F(KvMigration, AnInterruptedMigrationGoesOnFromWhatTheNodesHold) {
+  Serve target({"--step-delay-ms", "10"}, 5);
+  Pipeline pp(2, {"--step-delay-ms", "25"});
+  ASSERT_TRUE(target.ready()) << target.log();
+  ASSERT_TRUE(pp.ready()) << pp.logs();
+  const auto want = reference(target, kLong);
+  const std::string s0 = pp.stages[0]->url();
+  std::vector<std::future<json>> clients;
+  for (std::size_t i = 0; i < 2; ++i)
+    clients.push_back(
+        std::async(std::launch::async, [&, i] { return complete(s0, kPrompts[i], kLong); }));
+  ASSERT_TRUE(wait_generating(s0, 2, 3).is_object()) << pp.logs();
+  struct CoordinatorDied {};
+  // First coordinator: dies right after the full worker resumed the first request.
+  std::uint64_t first = 0;
+  refengine::MigrationPlan plan{pp.urls(), target.url(), 20000, {}, [&](std::uint64_t id) {
+                                  first = id;
+                                  throw CoordinatorDied{};
+                                }};
+  EXPECT_THROW((void)refengine::migrate(plan), CoordinatorDied);
+  ASSERT_NE(first, 0u);
+  // Second: dies before exporting stage 1's blocks of the other request (stage 0's are in).
+  plan.after_resume = nullptr;
+  plan.before_export = [&](int rank, std::uint64_t id) {
+    if (rank == 1 && id != first) throw CoordinatorDied{};
+  };
+  EXPECT_THROW((void)refengine::migrate(plan), CoordinatorDied);
+  // Third: finishes.
+  plan.before_export = nullptr;
+  auto moved = refengine::migrate(plan);
+  ASSERT_TRUE(moved) << moved.error();
+  ASSERT_EQ(moved->size(), 1u) << "the second coordinator released the first request";
+  EXPECT_EQ((*moved)[0].how, "kv") << (*moved)[0].why;
+  EXPECT_NE((*moved)[0].request_id, first);
+  refengine::MovedRequest earlier;
+  earlier.request_id = first;
+  earlier.how = "earlier";
+  moved->push_back(earlier);
+  auto results = refengine::wait_results(target.url(), *moved, 120000);
+  ASSERT_TRUE(results) << results.error();
+  std::set<Tokens> got, expected = {want[0], want[1]};
+  for (const auto& m : *moved) got.insert(m.tokens);
+  EXPECT_EQ(got, expected);
+  for (auto& c : clients) {
+    const json j = c.get();
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "migrated") << j.dump();
+  }
+  EXPECT_TRUE(get_json(s0, "/kv/requests")["requests"].empty());
+}
+
 TEST_F(KvMigration, DrainFinishesOnThePipelineRefusesNewRequestsThenStops) {
   Serve single({}, 5);
   Pipeline pp(2, {"--step-delay-ms", "10"});
