@@ -1,0 +1,521 @@
+// GatewayServer in-process, over real HTTP: fake workers (cpp-httplib servers in this process)
+// behind it, a fake control plane. Proxying and streaming, holding through a cold start, the
+// deadline's 503 + Retry-After, route switches, and hostile clients — malformed and huge
+// bodies, unknown models, slow and idle connections, a bounded mutation fuzz — with the
+// process's memory checked to stay bounded.
+#include "gateway/gateway_server.hpp"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+namespace thaw::gateway {
+namespace {
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// A worker: answers /v1/completions with its tag and the prompt's tokens + 1; streams three
+// events 200 ms apart when `streams` and the request asks for it; waits `delay` first.
+class FakeWorker {
+ public:
+  FakeWorker(std::string tag, bool streams = false, std::chrono::milliseconds delay = 0ms)
+      : tag_(std::move(tag)) {
+    server_.Post("/v1/completions", [this, streams, delay](const httplib::Request& req,
+                                                           httplib::Response& res) {
+      ++requests;
+      std::this_thread::sleep_for(delay);
+      json body = json::parse(req.body, nullptr, false);
+      std::vector<int> tokens;
+      try {
+        for (int t : body.value("prompt", std::vector<int>{})) tokens.push_back(t + 1);
+      } catch (const json::exception&) {
+        res.status = 400;  // what an engine says about a prompt it cannot read
+        res.set_content(R"({"error":{"message":"bad prompt"}})", "application/json");
+        return;
+      }
+      if (streams && body.value("stream", false)) {
+        res.set_chunked_content_provider(
+            "text/event-stream", [this, tokens](std::size_t, httplib::DataSink& sink) {
+              for (int t : tokens) {
+                std::string event =
+                    "data: " + json{{"choices", {{{"token_ids", {t}}, {"text", tag_}}}}}.dump() +
+                    "\n\n";
+                if (!sink.write(event.data(), event.size())) return false;
+                std::this_thread::sleep_for(200ms);
+              }
+              sink.write("data: [DONE]\n\n", 14);
+              sink.done();
+              return true;
+            });
+        return;
+      }
+      json out{
+          {"id", "cmpl-1"},
+          {"object", "text_completion"},
+          {"created", 1},
+          {"model", body.value("model", "")},
+          {"choices",
+           {{{"index", 0}, {"text", tag_}, {"token_ids", tokens}, {"finish_reason", "length"}}}}};
+      res.set_content(out.dump(), "application/json");
+    });
+    port = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(1ms);
+  }
+  ~FakeWorker() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+  int port = 0;
+  std::atomic<int> requests{0};
+
+ private:
+  std::string tag_;
+  httplib::Server server_;
+  std::thread thread_;
+};
+
+class FakeControlPlane final : public ControlPlane {
+ public:
+  void request_cold_start(const std::string& model) override {
+    ++asks;
+    if (on_cold_start) on_cold_start(model);
+  }
+  void report_load(const std::vector<ModelLoadSample>& samples) override {
+    std::lock_guard lock(mutex);
+    for (const auto& s : samples) reports.push_back(s);
+  }
+  std::function<void(const std::string&)> on_cold_start;
+  std::atomic<int> asks{0};
+  std::mutex mutex;
+  std::vector<ModelLoadSample> reports;
+};
+
+std::size_t rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with("VmRSS:")) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+class GatewayHttpTest : public ::testing::Test {
+ protected:
+  void start(RouteMap routes, RouterOptions router_options = {}, GatewayOptions options = {}) {
+    router_ = std::make_unique<Router>(
+        router_options, [this](const std::string& m) { control_.request_cold_start(m); });
+    router_->replace(std::move(routes));
+    options.port = 0;
+    options.retry_after_s = 7;
+    auto server = GatewayServer::start(options, *router_, control_);
+    ASSERT_TRUE(server) << server.error();
+    server_ = std::move(*server);
+    thread_ = std::thread([this] { server_->run(); });
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client_->set_read_timeout(30, 0);
+    for (int i = 0; i < 200 && !client_->Get("/health"); ++i) std::this_thread::sleep_for(10ms);
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    if (thread_.joinable()) thread_.join();
+    server_.reset();
+  }
+  httplib::Result complete(const json& body) {
+    return client_->Post("/v1/completions", body.dump(), "application/json");
+  }
+  static json error_of(const httplib::Result& r) {
+    EXPECT_TRUE(r);
+    if (!r) return {};
+    json body = json::parse(r->body, nullptr, false);
+    EXPECT_TRUE(body.is_object() && body.contains("error")) << r->status << " " << r->body;
+    return body.is_object() && body.contains("error") ? body["error"] : json{};
+  }
+
+  FakeControlPlane control_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<GatewayServer> server_;
+  std::thread thread_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(GatewayHttpTest, ProxiesTheWorkersAnswerUnchanged) {
+  FakeWorker worker("w");
+  start({{"m", {{worker.url()}}}});
+  json body{{"model", "m"}, {"prompt", {1, 2, 3}}, {"max_tokens", 3}};
+  auto direct = httplib::Client("127.0.0.1", worker.port)
+                    .Post("/v1/completions", body.dump(), "application/json");
+  auto via = complete(body);
+  ASSERT_TRUE(direct && via);
+  EXPECT_EQ(via->status, 200);
+  EXPECT_EQ(via->body, direct->body);
+  EXPECT_EQ(json::parse(via->body)["choices"][0]["token_ids"], json({2, 3, 4}));
+}
+
+TEST_F(GatewayHttpTest, StreamingRelaysTheWorkersEventsAsTheyCome) {
+  FakeWorker worker("w", /*streams=*/true);
+  start({{"m", {{worker.url()}}}});
+  json body{{"model", "m"}, {"prompt", {1, 2, 3}}, {"stream", true}};
+  std::string received;
+  Clock::duration first_event{};
+  const auto t0 = Clock::now();
+  auto res = client_->Post("/v1/completions", httplib::Headers{}, body.dump(), "application/json");
+  ASSERT_TRUE(res);  // the whole answer, for its bytes
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  EXPECT_NE(res->body.find(R"("token_ids":[2])"), std::string::npos) << res->body;
+  EXPECT_TRUE(res->body.ends_with("data: [DONE]\n\n"));
+  // Its timing: the first event arrives while the worker is still producing the others.
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* d, std::size_t n, std::uint64_t, std::uint64_t) {
+    if (received.empty()) first_event = Clock::now() - t0;
+    received.append(d, n);
+    return true;
+  };
+  httplib::Response r2;
+  httplib::Error error;
+  const auto t1 = Clock::now();
+  first_event = {};
+  ASSERT_TRUE(client_->send(req, r2, error));
+  const auto total = Clock::now() - t1;
+  EXPECT_EQ(received, res->body);
+  EXPECT_LT(first_event - (t1 - t0), total - 300ms) << "the events were not relayed as they came";
+}
+
+TEST_F(GatewayHttpTest, StreamingFromAWorkerThatDoesNotStreamMakesEventsFromItsAnswer) {
+  FakeWorker worker("w");
+  start({{"m", {{worker.url()}}}});
+  auto res = complete({{"model", "m"}, {"prompt", {5, 6}}, {"stream", true}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  ASSERT_TRUE(res->body.starts_with("data: ")) << res->body;
+  const auto end = res->body.find("\n\n");
+  json event = json::parse(res->body.substr(6, end - 6));
+  EXPECT_EQ(event["object"], "text_completion");
+  EXPECT_EQ(event["choices"][0]["token_ids"], json({6, 7}));
+  EXPECT_TRUE(res->body.ends_with("data: [DONE]\n\n"));
+}
+
+TEST_F(GatewayHttpTest, HoldsDuringAColdStartThenAnswers) {
+  FakeWorker worker("w");
+  start({{"m", {{"", WorkerState::cold_starting}}}});
+  std::thread later([&] {
+    std::this_thread::sleep_for(400ms);
+    router_->replace({{"m", {{worker.url()}}}});
+  });
+  const auto t0 = Clock::now();
+  auto res = complete({{"model", "m"}, {"prompt", {1}}});
+  later.join();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_GE(Clock::now() - t0, 390ms);
+  EXPECT_EQ(control_.asks.load(), 0);  // one was already under way
+}
+
+TEST_F(GatewayHttpTest, AsksForAColdStartWhenAModelHasNoWorker) {
+  FakeWorker worker("w");
+  control_.on_cold_start = [&](const std::string& model) {
+    // The coordinator plans, the worker comes up, a route push arrives.
+    std::thread([this, model, url = worker.url()] {
+      router_->replace({{model, {{"", WorkerState::cold_starting}}}});
+      std::this_thread::sleep_for(300ms);
+      router_->replace({{model, {{url}}}});
+    }).detach();
+  };
+  start({{"m", {}}});
+  std::vector<std::future<httplib::Result>> answers;
+  for (int i = 0; i < 4; ++i) {
+    answers.push_back(std::async(std::launch::async, [&] {
+      httplib::Client c("127.0.0.1", server_->port());
+      return c.Post("/v1/completions", json{{"model", "m"}, {"prompt", {1}}}.dump(),
+                    "application/json");
+    }));
+  }
+  for (auto& a : answers) {
+    auto res = a.get();
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+  }
+  EXPECT_EQ(control_.asks.load(), 1);
+}
+
+TEST_F(GatewayHttpTest, DeadlineAnswers503WithRetryAfter) {
+  RouterOptions o;
+  o.hold_deadline = 300ms;
+  start({{"m", {{"", WorkerState::cold_starting}}}}, o);
+  const auto t0 = Clock::now();
+  auto res = complete({{"model", "m"}, {"prompt", {1}}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->get_header_value("Retry-After"), "7");
+  EXPECT_EQ(error_of(res)["code"], "model_not_ready");
+  EXPECT_LT(Clock::now() - t0, 2s);
+}
+
+TEST_F(GatewayHttpTest, FullHoldQueueAnswers503AtOnce) {
+  RouterOptions o;
+  o.hold_queue = 1;
+  o.hold_deadline = 1500ms;
+  start({{"m", {{"", WorkerState::cold_starting}}}}, o);
+  auto held = std::async(std::launch::async, [&] {
+    httplib::Client c("127.0.0.1", server_->port());
+    return c.Post("/v1/completions", R"({"model":"m"})", "application/json");
+  });
+  std::this_thread::sleep_for(200ms);
+  const auto t0 = Clock::now();
+  auto res = complete({{"model", "m"}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(error_of(res)["code"], "queue_full");
+  EXPECT_EQ(res->get_header_value("Retry-After"), "7");
+  EXPECT_LT(Clock::now() - t0, 500ms);
+  EXPECT_EQ(held.get()->status, 503);
+}
+
+TEST_F(GatewayHttpTest, RouteSwitchLeavesInFlightRequestsWhereTheyAre) {
+  FakeWorker stage0("pipeline", false, 600ms), full("full");
+  start({{"m", {{stage0.url()}}}});
+  auto in_flight = std::async(std::launch::async, [&] {
+    httplib::Client c("127.0.0.1", server_->port());
+    return c.Post("/v1/completions", R"({"model":"m","prompt":[1]})", "application/json");
+  });
+  std::this_thread::sleep_for(200ms);
+  router_->replace({{"m", {{stage0.url(), WorkerState::draining}, {full.url()}}}});
+  auto fresh = complete({{"model", "m"}, {"prompt", {1}}});
+  ASSERT_TRUE(fresh);
+  EXPECT_EQ(json::parse(fresh->body)["choices"][0]["text"], "full");
+  auto old = in_flight.get();
+  ASSERT_TRUE(old);
+  EXPECT_EQ(json::parse(old->body)["choices"][0]["text"], "pipeline");
+  EXPECT_EQ(stage0.requests.load(), 1);
+}
+
+TEST_F(GatewayHttpTest, ModelsHealthReadyAndUnknownThings) {
+  FakeWorker worker("w");
+  start({{"a", {{worker.url()}}}, {"b", {}}});
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  json list = json::parse(models->body);
+  ASSERT_EQ(list["data"].size(), 2u);
+  EXPECT_EQ(list["data"][0]["id"], "a");
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+  EXPECT_EQ(client_->Get("/ready")->status, 200);
+  auto unknown = complete({{"model", "nope"}, {"prompt", {1}}});
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_EQ(error_of(unknown)["code"], "model_not_found");
+  auto path = client_->Get("/v2/whatever");
+  EXPECT_EQ(path->status, 404);
+  EXPECT_EQ(error_of(path)["code"], "not_found");
+  auto routes = json::parse(client_->Get("/gateway/routes")->body);
+  EXPECT_EQ(routes["a"][0]["state"], "serving");
+}
+
+TEST_F(GatewayHttpTest, MalformedRequestsGetClear400s) {
+  FakeWorker worker("w");
+  start({{"m", {{worker.url()}}}});
+  struct Case {
+    std::string body;
+    std::string code;
+  } cases[] = {{"{not json", "invalid_json"},
+               {"[1,2]", "invalid_json"},
+               {R"({"prompt":[1]})", "missing_model"},
+               {R"({"model":7})", "missing_model"},
+               {R"({"model":""})", "missing_model"},
+               {R"({"model":"m","stream":"yes"})", "invalid_stream"},
+               {std::string(10'000, '[') + std::string(10'000, ']'), "invalid_json"}};
+  for (const Case& c : cases) {
+    auto res = client_->Post("/v1/completions", c.body, "application/json");
+    ASSERT_TRUE(res) << c.body.substr(0, 40);
+    EXPECT_EQ(res->status, 400) << c.body.substr(0, 40);
+    EXPECT_EQ(error_of(res)["code"], c.code) << c.body.substr(0, 40);
+  }
+  EXPECT_EQ(worker.requests.load(), 0);
+}
+
+TEST_F(GatewayHttpTest, HugeBodiesAreRefusedWith413) {
+  FakeWorker worker("w");
+  GatewayOptions o;
+  o.max_body_bytes = 64 << 10;
+  start({{"m", {{worker.url()}}}}, {}, o);
+  json big{{"model", "m"}, {"prompt", std::string(1 << 20, 'x')}};
+  auto res = complete(big);
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 413);
+  EXPECT_EQ(error_of(res)["code"], "request_too_large");
+  EXPECT_EQ(worker.requests.load(), 0);
+  EXPECT_EQ(complete({{"model", "m"}, {"prompt", {1}}})->status, 200);
+}
+
+TEST_F(GatewayHttpTest, AWorkerThatIsGoneIsA502) {
+  int dead_port;
+  {
+    FakeWorker gone("x");
+    dead_port = gone.port;
+  }
+  start({{"m", {{"http://127.0.0.1:" + std::to_string(dead_port)}}}});
+  auto res = complete({{"model", "m"}, {"prompt", {1}}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 502);
+  EXPECT_EQ(error_of(res)["code"], "upstream_unavailable");
+  auto streamed = complete({{"model", "m"}, {"prompt", {1}}, {"stream", true}});
+  ASSERT_TRUE(streamed);
+  EXPECT_NE(streamed->body.find("upstream_unavailable"), std::string::npos);
+  EXPECT_TRUE(streamed->body.ends_with("data: [DONE]\n\n"));
+}
+
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST_F(GatewayHttpTest, SlowAndIdleClientsAreDroppedAndOthersStillServed) {
+  FakeWorker worker("w");
+  GatewayOptions o;
+  o.client_timeout = 500ms;
+  o.threads = 8;
+  o.pending_connections = 16;
+  start({{"m", {{worker.url()}}}}, {}, o);
+  const std::size_t rss0 = rss_bytes();
+  // A slow client: half a request line, then nothing.
+  const int slow = connect_to(server_->port());
+  ASSERT_GE(slow, 0);
+  ASSERT_EQ(::send(slow, "POST /v1/compl", 14, 0), 14);
+  // Many idle connections: far more than threads and pending slots. Each holds a thread for
+  // httplib's keep-alive wait (whole seconds, at least 1 s) — a thread-per-connection server's
+  // limit: the real client below waits about idle / threads seconds.
+  std::vector<int> idle;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = connect_to(server_->port());
+    if (fd >= 0) idle.push_back(fd);
+  }
+  // The slow client is cut off within a few timeouts (it may wait behind the idle ones).
+  timeval tv{10, 0};
+  setsockopt(slow, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[256];
+  const auto t0 = Clock::now();
+  const ssize_t n = ::recv(slow, buf, sizeof buf, 0);
+  EXPECT_GE(n, 0) << "still open after 10 s: " << strerror(errno);  // closed, or answered
+  EXPECT_LT(Clock::now() - t0, 10s);
+  ::close(slow);
+  // A real client gets through once the idle ones have timed out.
+  httplib::Client c("127.0.0.1", server_->port());
+  c.set_read_timeout(30, 0);
+  c.set_connection_timeout(30, 0);
+  auto res = c.Post("/v1/completions", R"({"model":"m","prompt":[1]})", "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  for (int fd : idle) ::close(fd);
+  EXPECT_LT(rss_bytes(), rss0 + (64u << 20)) << "memory grew with idle connections";
+}
+
+// Mutations of valid requests (bit flips, truncations, insertions, repeated bytes): every one
+// gets an HTTP answer with a JSON error body or the worker's answer, the gateway stays up, and
+// its memory stays bounded. A bounded run for ctest; not a coverage-guided fuzzer.
+TEST_F(GatewayHttpTest, MutatedRequestsAlwaysGetAnAnswerAndMemoryStaysBounded) {
+  FakeWorker worker("w");
+  GatewayOptions o;
+  o.max_body_bytes = 16 << 10;
+  RouterOptions r;
+  r.hold_deadline = 50ms;
+  start({{"m", {{worker.url()}}}, {"cold", {{"", WorkerState::cold_starting}}}}, r, o);
+  const std::vector<std::string> seeds = {
+      R"({"model":"m","prompt":[1,2,3],"max_tokens":4})",
+      R"({"model":"m","prompt":"hello","stream":true})", R"({"model":"cold","prompt":[1]})",
+      R"({"model":"m","prompt":[[1,2],[3]],"temperature":0,"extra":{"a":[null,true,1.5e3]}})"};
+  std::mt19937 rng(25);
+  const std::size_t rss0 = rss_bytes();
+  int answered = 0;
+  for (int i = 0; i < 1500; ++i) {
+    std::string body = seeds[rng() % seeds.size()];
+    const int edits = 1 + rng() % 4;
+    for (int e = 0; e < edits && !body.empty(); ++e) {
+      const std::size_t at = rng() % body.size();
+      switch (rng() % 5) {
+        case 0:
+          body[at] = static_cast<char>(body[at] ^ (1 << (rng() % 8)));
+          break;
+        case 1:
+          body.resize(at);
+          break;
+        case 2:
+          body.insert(at, 1, "{}[]\",:\\0x"[rng() % 10]);
+          break;
+        case 3:
+          body.insert(at, std::string(rng() % 20'000, body[at]));
+          break;
+        case 4:
+          body.erase(at, 1);
+          break;
+      }
+    }
+    auto res = client_->Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(res) << "no answer to mutation " << i << ": " << httplib::to_string(res.error())
+                     << " for " << body.size() << " bytes: " << body.substr(0, 80);
+    const int s = res->status;
+    ASSERT_TRUE(s == 200 || s == 400 || s == 404 || s == 413 || s == 502 || s == 503)
+        << s << " for " << body.substr(0, 80);
+    if (s != 200) {
+      json e = json::parse(res->body, nullptr, false);
+      ASSERT_TRUE(e.is_object() && e.contains("error")) << s << " " << res->body.substr(0, 200);
+    }
+    ++answered;
+  }
+  EXPECT_EQ(answered, 1500);
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+  EXPECT_LT(rss_bytes(), rss0 + (64u << 20));
+}
+
+TEST_F(GatewayHttpTest, LoadIsReportedEveryInterval) {
+  FakeWorker worker("w", false, 300ms);
+  GatewayOptions o;
+  o.report_interval = 100ms;
+  start({{"m", {{worker.url()}}}}, {}, o);
+  std::vector<std::future<httplib::Result>> answers;
+  for (int i = 0; i < 3; ++i) {
+    answers.push_back(std::async(std::launch::async, [&] {
+      httplib::Client c("127.0.0.1", server_->port());
+      return c.Post("/v1/completions", R"({"model":"m","prompt":[1]})", "application/json");
+    }));
+  }
+  for (auto& a : answers) EXPECT_EQ(a.get()->status, 200);
+  std::this_thread::sleep_for(250ms);
+  std::lock_guard lock(control_.mutex);
+  std::uint64_t arrivals = 0, peak = 0;
+  for (const auto& s : control_.reports) {
+    EXPECT_EQ(s.model, "m");
+    arrivals += s.arrivals;
+    peak = std::max(peak, s.concurrent);
+    EXPECT_NEAR(s.window_s, 0.1, 0.05);
+  }
+  EXPECT_EQ(arrivals, 3u);
+  EXPECT_EQ(peak, 3u);  // all three were in flight during a window (the worker takes 300 ms)
+  EXPECT_GE(control_.reports.size(), 5u);
+}
+
+}  // namespace
+}  // namespace thaw::gateway
