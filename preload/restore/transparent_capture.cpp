@@ -1,12 +1,14 @@
 #include "preload/restore/transparent_capture.hpp"
 
 #include <fmt/format.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -60,8 +62,33 @@ struct State {
   bool driver_tried = false;
 };
 
+State& state();
+
+// Fork: the lock is held across fork(); the child has none of the parent's captures (only the
+// forking thread is there, and its driver state is its own) nor its graphs.
+void fork_prepare() {
+  state().mutex.lock();
+}
+void fork_parent() {
+  state().mutex.unlock();
+}
+void fork_child() {
+  State& s = state();
+  new (&s.mutex) std::mutex();
+  s.active.clear();
+  s.handed.clear();
+  s.captures = s.transparent = s.fallbacks = 0;
+  s.reasons.clear();
+  transparent_detail::g_eliding.store(0, std::memory_order_relaxed);
+  transparent_detail::g_handed.store(0, std::memory_order_relaxed);
+}
+
 State& state() {
-  static State* s = new State();  // used by exit handlers: never destroyed
+  static State* s = [] {
+    auto* created = new State();  // used by exit handlers: never destroyed
+    ::pthread_atfork(&fork_prepare, &fork_parent, &fork_child);
+    return created;
+  }();
   return *s;
 }
 

@@ -542,3 +542,134 @@ TEST(GraphRestoreBackground, WithoutAWorkerDriverEverythingHappensAtTheRequest) 
 }
 
 }  // namespace
+
+// --- Transparent restore (transparent_candidate / transparent_take / chain_of) ---
+
+GraphRecord kernel_chain_record(std::uint64_t allocation_index) {
+  GraphRecord r = record();
+  RecordedGraph& g = r.graphs[0];
+  g.allocation_index = allocation_index;
+  g.label.clear();  // an engine that never used the ABI
+  g.nodes[1] = kernel("gelu", kBase + 0x300, 9);
+  return r;
+}
+
+TEST(GraphRestoreTransparent, ChainOfAcceptsOnlyASingleConnectedChain) {
+  RecordedGraph g;
+  g.nodes.resize(3);
+  g.edges = {{2, 0}, {0, 1}};
+  EXPECT_EQ(GraphRestore::chain_of(g), (std::vector<std::uint32_t>{2, 0, 1}));
+  g.edges = {{0, 1}, {0, 2}};  // a fork: two streams
+  EXPECT_FALSE(GraphRestore::chain_of(g));
+  g.edges = {{0, 2}, {1, 2}};  // a join
+  EXPECT_FALSE(GraphRestore::chain_of(g));
+  g.edges = {{0, 1}};  // node 2 apart
+  EXPECT_FALSE(GraphRestore::chain_of(g));
+  g.nodes.resize(1);
+  g.edges.clear();
+  EXPECT_EQ(GraphRestore::chain_of(g), (std::vector<std::uint32_t>{0}));
+  g.nodes.clear();
+  EXPECT_FALSE(GraphRestore::chain_of(g)) << "an empty capture has nothing to elide";
+}
+
+TEST(GraphRestoreTransparent, AKernelChainAtTheAllocationIndexIsTakenOnceAndBuiltAtTheEnd) {
+  Fixture f;
+  f.text = graph_record_to_json(kernel_chain_record(5));
+  GraphRestore restore(f.env());
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  FakeDriver d;
+  // Off: nothing, and no record counted.
+  auto off = restore.transparent_candidate(d);
+  ASSERT_FALSE(off);
+  EXPECT_FALSE(off.error().record);
+  restore.enable_transparent(true);
+  auto m = restore.transparent_candidate(d);
+  ASSERT_TRUE(m) << m.error().why;
+  EXPECT_EQ(m->position, 0u);
+  EXPECT_EQ(m->chain, (std::vector<std::uint32_t>{0, 1, 2}));
+  EXPECT_EQ(m->functions.size(), 3u);
+  // Taken: a second capture at the same point finds no unused graph.
+  auto again = restore.transparent_candidate(d);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().reason, "allocation index");
+  EXPECT_TRUE(again.error().record);
+  // The end: built now (no worker), not instantiated (the engine does that).
+  auto taken = restore.transparent_take(d, *m);
+  ASSERT_TRUE(taken) << taken.error();
+  EXPECT_NE(taken->graph, nullptr);
+  EXPECT_EQ(taken->exec, nullptr);
+  EXPECT_EQ(d.nodes, 3u);
+  EXPECT_EQ(d.edges, (std::vector<std::pair<std::size_t, std::size_t>>{{0, 1}, {1, 2}}));
+  EXPECT_EQ(d.instantiated_flags, 0u);
+}
+
+TEST(GraphRestoreTransparent, RefusalsSayWhy) {
+  FakeDriver d;
+  {  // another allocation index
+    Fixture f;
+    f.text = graph_record_to_json(kernel_chain_record(4));
+    GraphRestore restore(f.env());
+    restore.enable_transparent(true);
+    restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+    auto m = restore.transparent_candidate(d);
+    ASSERT_FALSE(m);
+    EXPECT_EQ(m.error().reason, "allocation index") << m.error().why;
+  }
+  {  // a memset node: not elided (the driver captures memsets)
+    Fixture f;
+    GraphRecord r = record();
+    r.graphs[0].label.clear();
+    f.text = graph_record_to_json(r);
+    GraphRestore restore(f.env());
+    restore.enable_transparent(true);
+    restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+    auto m = restore.transparent_candidate(d);
+    ASSERT_FALSE(m);
+    EXPECT_EQ(m.error().reason, "node kind") << m.error().why;
+  }
+  {  // a fork: not a chain
+    Fixture f;
+    GraphRecord r = kernel_chain_record(5);
+    r.graphs[0].edges = {{0, 1}, {0, 2}};
+    f.text = graph_record_to_json(r);
+    GraphRestore restore(f.env());
+    restore.enable_transparent(true);
+    restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+    auto m = restore.transparent_candidate(d);
+    ASSERT_FALSE(m);
+    EXPECT_EQ(m.error().reason, "not a chain") << m.error().why;
+  }
+  {  // a stale run; a corrupt record
+    Fixture f;
+    f.text = graph_record_to_json(kernel_chain_record(5));
+    f.not_following = "the allocation sequence left it";
+    GraphRestore restore(f.env());
+    restore.enable_transparent(true);
+    restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+    auto m = restore.transparent_candidate(d);
+    ASSERT_FALSE(m);
+    EXPECT_EQ(m.error().reason, "stale") << m.error().why;
+    Fixture c;
+    c.text = "{\"version\":2,";
+    GraphRestore corrupt(c.env());
+    corrupt.enable_transparent(true);
+    auto k = corrupt.transparent_candidate(d);
+    ASSERT_FALSE(k);
+    EXPECT_EQ(k.error().reason, "corrupt");
+    EXPECT_TRUE(k.error().record);
+  }
+  {  // pointers no longer live at the end: refused then, with why
+    Fixture f;
+    f.text = graph_record_to_json(kernel_chain_record(5));
+    GraphRestore restore(f.env());
+    restore.enable_transparent(true);
+    restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+    auto m = restore.transparent_candidate(d);
+    ASSERT_TRUE(m) << m.error().why;
+    f.not_following = "the layout stopped";
+    auto taken = restore.transparent_take(d, *m);
+    ASSERT_FALSE(taken);
+    EXPECT_NE(taken.error().find("does not follow its layout record"), std::string::npos)
+        << taken.error();
+  }
+}
