@@ -110,7 +110,9 @@ void KvTransfer::add_routes(httplib::Server& server) {
 
   // Stages > 0 run only what stage 0 sends: pausing stage 0 stills the whole pipeline.
   server.Post("/kv/pause", [this](const httplib::Request&, httplib::Response& res) {
+    const auto t0 = Timeline::now_ns();
     if (scheduler_ != nullptr) scheduler_->pause();
+    engine_.timeline().mark("kv_paused", {{"wait_ms", double(Timeline::now_ns() - t0) / 1e6}});
     reply(res, {{"paused", true}, {"schedules", scheduler_ != nullptr}});
   });
   server.Post("/kv/unpause", [this](const httplib::Request&, httplib::Response& res) {
@@ -131,6 +133,7 @@ void KvTransfer::add_routes(httplib::Server& server) {
       return reply_error(
           res, 503,
           fmt::format("requests still running after {} ms (or the engine failed)", timeout_ms));
+    engine_.timeline().mark("kv_drained");
     reply(res, {{"drained", true}});
   });
 
@@ -199,6 +202,7 @@ void KvTransfer::add_routes(httplib::Server& server) {
     h.token_count = std::uint32_t(kv_tokens);
     std::string out = encode_kv_header(h);
     out.resize(kKvHeaderBytes + h.payload_bytes);
+    const auto t0 = Timeline::now_ns();
     try {
       std::lock_guard step(engine_.step_mutex());
       engine_.bind_thread();
@@ -209,6 +213,11 @@ void KvTransfer::add_routes(httplib::Server& server) {
     } catch (const std::exception& e) {
       return reply_error(res, 500, fmt::format("reading the KV cache failed: {}", e.what()));
     }
+    engine_.timeline().mark("kv_exported", {{"request_id", *id},
+                                            {"layers", {h.layer_begin, h.layer_end}},
+                                            {"kv_tokens", kv_tokens},
+                                            {"bytes", out.size()},
+                                            {"ms", double(Timeline::now_ns() - t0) / 1e6}});
     res.set_content(std::move(out), "application/octet-stream");
   });
 
@@ -256,6 +265,7 @@ void KvTransfer::add_routes(httplib::Server& server) {
       if (p.layers[l])
         return reply_error(
             res, 409, fmt::format("request {}: layer {} was imported already", h.request_id, l));
+    const auto t0 = Timeline::now_ns();
     try {
       std::lock_guard step(engine_.step_mutex());
       engine_.bind_thread();
@@ -268,6 +278,11 @@ void KvTransfer::add_routes(httplib::Server& server) {
     }
     for (std::uint32_t l = h.layer_begin; l < h.layer_end; ++l) p.layers[l] = true;
     const auto missing = std::count(p.layers.begin(), p.layers.end(), false);
+    engine_.timeline().mark("kv_imported", {{"request_id", h.request_id},
+                                            {"layers", {h.layer_begin, h.layer_end}},
+                                            {"kv_tokens", h.token_count},
+                                            {"bytes", req.body.size()},
+                                            {"ms", double(Timeline::now_ns() - t0) / 1e6}});
     reply(res, {{"request_id", h.request_id},
                 {"token_count", h.token_count},
                 {"layers_missing", missing},
@@ -365,6 +380,7 @@ void KvTransfer::add_routes(httplib::Server& server) {
       how = "kv";
     }
     results_.emplace(*id, f.share());
+    engine_.timeline().mark("kv_resumed", {{"request_id", *id}, {"how", how}});
     reply(res, {{"request_id", *id}, {"resumed", how}}, 202);
   });
 
@@ -402,6 +418,7 @@ void KvTransfer::add_routes(httplib::Server& server) {
     if (!id) return reply_error(res, 400, id.error());
     if (auto r = scheduler_->release(*id); !r)
       return reply_error(res, scheduler_->paused() ? 404 : 409, r.error());
+    engine_.timeline().mark("kv_released", {{"request_id", *id}});
     reply(res, {{"released", *id}});
   });
 }
