@@ -94,7 +94,59 @@ int main(int argc, char** argv) {
   serve->add_flag("--verbose", verbose, "also log debug lines (sends to disconnected nodes...)");
   serve->add_flag("--launch-workers", options.cluster.launch_workers,
                   "plans also launch an engine per stage (the agents' worker command)");
+  std::uint32_t port_base = options.cluster.worker_port_base;
+  std::uint32_t port_count = options.cluster.worker_port_count;
+  serve
+      ->add_option("--worker-ports", port_base,
+                   "first port handed to workers for pipeline links and HTTP (on every node)")
+      ->check(CLI::Range(1024, 65535))
+      ->capture_default_str();
+  serve->add_option("--worker-port-count", port_count, "how many ports from --worker-ports on")
+      ->check(CLI::Range(16, 60000))
+      ->capture_default_str();
+  std::string handover = "drain";
+  serve
+      ->add_option("--handover", handover,
+                   "how in-flight requests leave a consolidating pipeline: drain (any engine) or "
+                   "kv-transfer (the engine's KV-transfer endpoints; falls back to drain)")
+      ->check(CLI::IsMember({"drain", "kv-transfer"}))
+      ->capture_default_str();
+  // Alg. 1's start-up costs until the nodes have measured some (HydraServe §4.1, Eq. 5).
+  auto& costs = options.cluster.startup;
+  costs = {.runtime_init = 4, .container = 1, .cuda_context = 1, .library_load = 2};
+  serve->add_option("--t-cc", costs.container, "seconds: container/process creation (t_cc)")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  serve->add_option("--t-cu", costs.cuda_context, "seconds: CUDA context initialisation (t_cu)")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  serve->add_option("--t-l", costs.library_load, "seconds: library loading / engine init (t_l)")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  serve->add_option("--t-n", costs.network_hop, "seconds: one hop between pipeline stages (t_n)")
+      ->check(CLI::Range(0.0, 60.0))
+      ->capture_default_str();
+  bool fixed_costs = false;
+  serve->add_flag("--fixed-startup-costs", fixed_costs,
+                  "use the --t-* costs even when nodes report measured start-ups");
+  serve
+      ->add_option("--keep-alive", options.cluster.keep_alive_s,
+                   "seconds an idle consolidated worker is kept before it is released")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (port_base + port_count > 65536) {
+    fmt::print(stderr, "thaw-coordinator: --worker-ports {} + --worker-port-count {} pass 65535\n",
+               port_base, port_count);
+    return 2;
+  }
+  options.cluster.worker_port_base = port_base;
+  options.cluster.worker_port_count = port_count;
+  options.cluster.handover = handover == "kv-transfer"
+                                 ? thaw::coordinator::ClusterConfig::Handover::kv_transfer
+                                 : thaw::coordinator::ClusterConfig::Handover::drain;
+  costs.runtime_init = costs.container + costs.cuda_context + costs.library_load;
+  options.cluster.measured_startup = !fixed_costs;
 
   if (keygen->parsed()) {
     auto pair = thaw::zmqx::write_key_pair(prefix);
