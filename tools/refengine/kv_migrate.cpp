@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include <nlohmann/json.hpp>
@@ -70,13 +71,14 @@ std::expected<void, std::string> gather(const MigrationPlan& plan, std::vector<H
   (void)post_json(target, "/kv/abort", {{"request_id", id}});
   for (std::size_t k = 0; k < stages.size(); ++k) {
     if (plan.before_export) plan.before_export(int(k), id);
-    auto blob = checked(stages[k].client.Post("/kv/export", ask.dump(), "application/json"),
-                        fmt::format("exporting request {} from stage {}", id, k), stages[k].base);
-    if (!blob) return std::unexpected(blob.error());
-    auto imported =
-        checked(target.client.Post("/kv/import", *blob, "application/octet-stream"),
-                fmt::format("importing stage {}'s blocks of request {}", k, id), target.base);
-    if (!imported) return std::unexpected(imported.error());
+    // The full worker fetches stage k's blocks itself: the bytes go straight to it.
+    json pull = ask;
+    pull["from"] = stages[k].base;
+    // Shorter than the call itself: the worker reports a stalled stage before we give up on it.
+    pull["timeout_ms"] = std::max(1, plan.timeout_ms * 3 / 4);
+    if (auto r = post_json(target, "/kv/pull", pull); !r)
+      return std::unexpected(
+          fmt::format("gathering stage {}'s blocks of request {}: {}", k, id, r.error()));
   }
   return {};
 }

@@ -87,6 +87,74 @@ KvTransfer::~KvTransfer() {
     for (auto& [id, p] : pending_) scheduler_->free_blocks(p.blocks);
 }
 
+void KvTransfer::import(const std::string& body, httplib::Response& res) {
+  const GPT2Config& cfg = engine_.config();
+  const int head_dim = int(cfg.n_embd / cfg.n_head);
+  auto blob = parse_kv_blob(body, kKvMaxBodyBytes);
+  if (!blob)
+    return reply_error(res, blob.error().find("exceed") != std::string::npos ? 413 : 400,
+                       blob.error());
+  const KvBlobHeader& h = blob->header;
+  if (h.n_layer != std::uint32_t(cfg.n_layer) || h.n_head != std::uint32_t(cfg.n_head) ||
+      h.head_dim != std::uint32_t(head_dim) || h.block_size != std::uint32_t(kBlockSize))
+    return reply_error(
+        res, 422,
+        fmt::format("the blocks are of a model with {} layers, {} heads of {}, block size {}; "
+                    "this worker's has {}, {} of {}, {}",
+                    h.n_layer, h.n_head, h.head_dim, h.block_size, cfg.n_layer, cfg.n_head,
+                    head_dim, kBlockSize));
+  if (int(h.token_count) > engine_.options().limits.max_model_len)
+    return reply_error(res, 422,
+                       fmt::format("{} positions exceed this worker's --max-model-len {}",
+                                   h.token_count, engine_.options().limits.max_model_len));
+  std::lock_guard lock(mu_);
+  auto it = pending_.find(h.request_id);
+  if (it == pending_.end()) {
+    if (results_.contains(h.request_id))
+      return reply_error(res, 409, fmt::format("request {} was resumed already", h.request_id));
+    if (pending_.size() >= kMaxPending)
+      return reply_error(res, 503, fmt::format("{} imports are under way already", kMaxPending));
+    auto blocks = scheduler_->reserve_blocks(int(h.num_blocks));
+    if (!blocks) return reply_error(res, 503, blocks.error());
+    Pending p;
+    p.blocks = std::move(*blocks);
+    p.token_count = h.token_count;
+    p.layers.assign(std::size_t(cfg.n_layer), false);
+    it = pending_.emplace(h.request_id, std::move(p)).first;
+  }
+  Pending& p = it->second;
+  if (p.token_count != h.token_count)
+    return reply_error(res, 409,
+                       fmt::format("request {}: these blocks hold {} positions, earlier ones {}",
+                                   h.request_id, h.token_count, p.token_count));
+  for (std::uint32_t l = h.layer_begin; l < h.layer_end; ++l)
+    if (p.layers[l])
+      return reply_error(res, 409,
+                         fmt::format("request {}: layer {} was imported already", h.request_id, l));
+  const auto t0 = Timeline::now_ns();
+  try {
+    std::lock_guard step(engine_.step_mutex());
+    engine_.bind_thread();
+    for (std::uint32_t l = h.layer_begin; l < h.layer_end; ++l)
+      engine_.runner().write_kv(
+          int(l), p.blocks,
+          reinterpret_cast<const std::byte*>(blob->payload.data() + h.offset(l, false, 0)));
+  } catch (const std::exception& e) {
+    return reply_error(res, 500, fmt::format("writing the KV cache failed: {}", e.what()));
+  }
+  for (std::uint32_t l = h.layer_begin; l < h.layer_end; ++l) p.layers[l] = true;
+  const auto missing = std::count(p.layers.begin(), p.layers.end(), false);
+  engine_.timeline().mark("kv_imported", {{"request_id", h.request_id},
+                                          {"layers", {h.layer_begin, h.layer_end}},
+                                          {"kv_tokens", h.token_count},
+                                          {"bytes", body.size()},
+                                          {"ms", double(Timeline::now_ns() - t0) / 1e6}});
+  reply(res, {{"request_id", h.request_id},
+              {"token_count", h.token_count},
+              {"layers_missing", missing},
+              {"complete", missing == 0}});
+}
+
 void KvTransfer::add_routes(httplib::Server& server) {
   const GPT2Config& cfg = engine_.config();
   const StageSpec stage = engine_.runner().stage();
@@ -224,69 +292,51 @@ void KvTransfer::add_routes(httplib::Server& server) {
   server.Post("/kv/import", [=, this](const httplib::Request& req, httplib::Response& res) {
     if (!full_worker || scheduler_ == nullptr)
       return reply_error(res, 409, "only a full worker (--pp-size 1) imports KV");
-    auto blob = parse_kv_blob(req.body, kKvMaxBodyBytes);
-    if (!blob)
-      return reply_error(res, blob.error().find("exceed") != std::string::npos ? 413 : 400,
-                         blob.error());
-    const KvBlobHeader& h = blob->header;
-    if (h.n_layer != std::uint32_t(cfg.n_layer) || h.n_head != std::uint32_t(cfg.n_head) ||
-        h.head_dim != std::uint32_t(head_dim) || h.block_size != std::uint32_t(kBlockSize))
-      return reply_error(
-          res, 422,
-          fmt::format("the blocks are of a model with {} layers, {} heads of {}, block size {}; "
-                      "this worker's has {}, {} of {}, {}",
-                      h.n_layer, h.n_head, h.head_dim, h.block_size, cfg.n_layer, cfg.n_head,
-                      head_dim, kBlockSize));
-    if (int(h.token_count) > engine_.options().limits.max_model_len)
-      return reply_error(res, 422,
-                         fmt::format("{} positions exceed this worker's --max-model-len {}",
-                                     h.token_count, engine_.options().limits.max_model_len));
-    std::lock_guard lock(mu_);
-    auto it = pending_.find(h.request_id);
-    if (it == pending_.end()) {
-      if (results_.contains(h.request_id))
-        return reply_error(res, 409, fmt::format("request {} was resumed already", h.request_id));
-      if (pending_.size() >= kMaxPending)
-        return reply_error(res, 503, fmt::format("{} imports are under way already", kMaxPending));
-      auto blocks = scheduler_->reserve_blocks(int(h.num_blocks));
-      if (!blocks) return reply_error(res, 503, blocks.error());
-      Pending p;
-      p.blocks = std::move(*blocks);
-      p.token_count = h.token_count;
-      p.layers.assign(std::size_t(cfg.n_layer), false);
-      it = pending_.emplace(h.request_id, std::move(p)).first;
-    }
-    Pending& p = it->second;
-    if (p.token_count != h.token_count)
-      return reply_error(res, 409,
-                         fmt::format("request {}: these blocks hold {} positions, earlier ones {}",
-                                     h.request_id, h.token_count, p.token_count));
-    for (std::uint32_t l = h.layer_begin; l < h.layer_end; ++l)
-      if (p.layers[l])
-        return reply_error(
-            res, 409, fmt::format("request {}: layer {} was imported already", h.request_id, l));
-    const auto t0 = Timeline::now_ns();
-    try {
-      std::lock_guard step(engine_.step_mutex());
-      engine_.bind_thread();
-      for (std::uint32_t l = h.layer_begin; l < h.layer_end; ++l)
-        engine_.runner().write_kv(
-            int(l), p.blocks,
-            reinterpret_cast<const std::byte*>(blob->payload.data() + h.offset(l, false, 0)));
-    } catch (const std::exception& e) {
-      return reply_error(res, 500, fmt::format("writing the KV cache failed: {}", e.what()));
-    }
-    for (std::uint32_t l = h.layer_begin; l < h.layer_end; ++l) p.layers[l] = true;
-    const auto missing = std::count(p.layers.begin(), p.layers.end(), false);
-    engine_.timeline().mark("kv_imported", {{"request_id", h.request_id},
-                                            {"layers", {h.layer_begin, h.layer_end}},
-                                            {"kv_tokens", h.token_count},
-                                            {"bytes", req.body.size()},
-                                            {"ms", double(Timeline::now_ns() - t0) / 1e6}});
-    reply(res, {{"request_id", h.request_id},
-                {"token_count", h.token_count},
-                {"layers_missing", missing},
-                {"complete", missing == 0}});
+    import(req.body, res);
+  });
+
+  // The full worker gathers a request's blocks itself, stage by stage: the bytes go from each
+  // stage straight to it (HydraServe §6.2), not through the caller.
+  server.Post("/kv/pull", [=, this](const httplib::Request& req, httplib::Response& res) {
+    if (!full_worker || scheduler_ == nullptr)
+      return reply_error(res, 409, "only a full worker (--pp-size 1) imports KV");
+    auto body = object_body(req);
+    if (!body) return reply_error(res, 400, body.error());
+    auto id = field<std::uint64_t>(*body, "request_id");
+    auto blocks = field<std::vector<int>>(*body, "blocks");
+    auto kv_tokens = field<int>(*body, "kv_tokens");
+    auto from = field<std::string>(*body, "from");
+    for (const std::string* e :
+         {id ? nullptr : &id.error(), blocks ? nullptr : &blocks.error(),
+          kv_tokens ? nullptr : &kv_tokens.error(), from ? nullptr : &from.error()})
+      if (e != nullptr) return reply_error(res, 400, *e);
+    if (!from->starts_with("http://") || from->size() > 256)
+      return reply_error(res, 400, "\"from\" must be a stage's http://host:port");
+    const int timeout_ms = body->value("timeout_ms", 60000);
+    if (timeout_ms < 1 || timeout_ms > 600000)
+      return reply_error(res, 400, "timeout_ms must be in 1..600000");
+    httplib::Client stage(*from);
+    stage.set_connection_timeout(std::chrono::milliseconds(timeout_ms));
+    stage.set_read_timeout(std::chrono::milliseconds(timeout_ms));
+    stage.set_write_timeout(std::chrono::milliseconds(timeout_ms));
+    auto got =
+        stage.Post("/kv/export",
+                   json{{"request_id", *id}, {"blocks", *blocks}, {"kv_tokens", *kv_tokens}}.dump(),
+                   "application/json");
+    if (!got)
+      return reply_error(res, 502,
+                         fmt::format("the stage at {} did not answer: {}", *from,
+                                     httplib::to_string(got.error())));
+    if (got->status != 200)
+      return reply_error(res, 502,
+                         fmt::format("the stage at {} refused the export: HTTP {}: {}", *from,
+                                     got->status, got->body));
+    auto blob = parse_kv_blob(got->body, kKvMaxBodyBytes);
+    if (blob && blob->header.request_id != *id)
+      return reply_error(res, 502,
+                         fmt::format("the stage at {} sent the blocks of request {}", *from,
+                                     blob->header.request_id));
+    import(got->body, res);
   });
 
   server.Post("/kv/abort", [this](const httplib::Request& req, httplib::Response& res) {

@@ -18,7 +18,8 @@
 
 namespace httplib {
 class Server;
-}
+struct Response;
+}  // namespace httplib
 
 namespace refengine {
 
@@ -36,6 +37,9 @@ class KvTransfer {
   void add_routes(httplib::Server& server);
 
  private:
+  // Checks a KV body and writes its blocks (POST /kv/import, /kv/pull); answers on `res`.
+  void import(const std::string& body, httplib::Response& res);
+
   struct Pending {  // an import under way: blocks reserved, some layers written
     std::vector<int> blocks;
     std::uint32_t token_count = 0;

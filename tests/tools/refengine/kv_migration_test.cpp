@@ -554,6 +554,23 @@ TEST_F(KvMigration, HostileKvTransferCallsGetClearErrors) {
                         json{{"request_id", 1}, {"blocks", {1, 2}}, {"kv_tokens", 3}}.dump())),
             400);
   EXPECT_EQ(status(post(s0, "/kv/release", "{\"request_id\": 1}")), 409);
+  // Pull: only from an http:// stage; a stage that does not answer is a 502 naming it.
+  const json pull{{"request_id", 1}, {"blocks", {0}}, {"kv_tokens", 3}};
+  json bad_from = pull;
+  bad_from["from"] = "file:///etc/passwd";
+  EXPECT_EQ(status(post(t, "/kv/pull", bad_from.dump())), 400);
+  json dead = pull;
+  dead["from"] = "http://127.0.0.1:" + std::to_string(unique_port());
+  dead["timeout_ms"] = 2000;
+  auto d = post(t, "/kv/pull", dead.dump());
+  EXPECT_EQ(status(d), 502);
+  EXPECT_NE(d ? d->body.find(dead["from"].get<std::string>()) : 0, std::string::npos);
+  // A stage refusing the export (no paused stage 0, unknown blocks) is a 502 with its reason.
+  json refused = pull;
+  refused["from"] = s1;
+  refused["blocks"] = {99};
+  auto rr = post(t, "/kv/pull", refused.dump());
+  EXPECT_EQ(status(rr), 502) << (rr ? rr->body : "");
   EXPECT_EQ(status(post(s1, "/kv/requests", "")), 404);  // GET only
   // Still serving afterwards.
   EXPECT_EQ(complete(t, kPrompts[0], 2).value("status", 0), 200);
