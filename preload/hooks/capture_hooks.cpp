@@ -88,11 +88,12 @@ bool layout_active() {
 
 // After a successful begin: the capture the stream now takes part in, for the unsafe-call
 // rules (not RELAXED ones) and for the graph recorder (where the layout's sequence stands).
-CUresult began(CUresult r, CUstream stream, CUstreamCaptureMode mode, bool per_thread) {
+CUresult began(CUresult r, CUstream stream, CUstreamCaptureMode mode, bool per_thread,
+               bool into_graph = false) {
   if (r != CUDA_SUCCESS || ReentryGuard::inside()) return r;
   ReentryGuard guard;
   // A capture whose launches may be a recorded graph's: elided (transparent_capture.hpp).
-  transparent_capture_began(stream, per_thread);
+  transparent_capture_began(stream, per_thread, into_graph);
   GraphRecorder* graphs = config().disabled ? nullptr : runtime().graph_recorder();
   if (mode == CU_STREAM_CAPTURE_MODE_RELAXED && graphs == nullptr) return r;
   const std::optional<cuuint64_t> id = capture_id(stream, per_thread);
@@ -175,7 +176,7 @@ CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph,
                                      size_t count, CUstreamCaptureMode mode) {
   auto fn = real<decltype(&cuStreamBeginCaptureToGraph)>(Hook::stream_begin_capture_to_graph);
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return began(fn(stream, graph, dependencies, edges, count, mode), stream, mode, false);
+  return began(fn(stream, graph, dependencies, edges, count, mode), stream, mode, false, true);
 }
 
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
@@ -185,7 +186,7 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
   auto fn =
       real<decltype(&cuStreamBeginCaptureToGraph_ptsz)>(Hook::stream_begin_capture_to_graph_ptsz);
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return began(fn(stream, graph, dependencies, edges, count, mode), stream, mode, true);
+  return began(fn(stream, graph, dependencies, edges, count, mode), stream, mode, true, true);
 }
 
 CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {

@@ -19,6 +19,8 @@
 #undef cuLaunchHostFunc
 #undef cuGraphLaunch
 #undef cuGraphInstantiate
+#undef cuStreamGetCaptureInfo
+#undef cuGraphInstantiateWithParams
 
 extern "C" {
 CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -29,6 +31,11 @@ CUresult cuEventRecordWithFlags_ptsz(CUevent, CUstream, unsigned int);
 CUresult cuStreamWaitEvent_ptsz(CUstream, CUevent, unsigned int);
 CUresult cuLaunchHostFunc_ptsz(CUstream, CUhostFn, void*);
 CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                        const CUgraphNode**, size_t*);
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                        const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec*, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS*);
 }
 
 using namespace thaw::preload;
@@ -55,6 +62,35 @@ CUresult unmodelled(Hook h, CUstream stream, const char* what, Args... args) {
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (eliding()) transparent_unmodeled(stream, what);
   return fn(args...);
+}
+
+// A capture-info query that asks for the capture's graph or its dependencies would see what
+// the elision left out: the elision stops first. The status and id alone are the driver's own.
+template <typename Fn, typename... Rest>
+CUresult capture_info(Hook h, CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id,
+                      CUgraph* graph, const CUgraphNode** deps, Rest... rest) {
+  auto fn = real<Fn>(h);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (eliding() && (graph != nullptr || deps != nullptr || ((rest != nullptr) || ...))) {
+    transparent_unmodeled(stream, "a capture-info query for the graph or its dependencies");
+  }
+  return fn(stream, status, id, graph, deps, rest...);
+}
+
+template <typename Fn>
+CUresult instantiate_with_params(Hook h, CUgraphExec* exec, CUgraph graph,
+                                 CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  auto fn = real<Fn>(h);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  // Pre-instantiated: only without an upload stream (the exec was never uploaded).
+  if (params != nullptr && params->hUploadStream == nullptr) {
+    if (auto r = transparent_instantiate(exec, graph, params->flags)) {
+      params->hErrNode_out = nullptr;
+      params->result_out = CUDA_GRAPH_INSTANTIATE_SUCCESS;
+      return *r;
+    }
+  }
+  return fn(exec, graph, params);
 }
 
 }  // namespace
@@ -143,6 +179,45 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned 
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (auto r = transparent_instantiate(exec, graph, flags)) return *r;
   return fn(exec, graph, flags);
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                   CUgraph* graph, const CUgraphNode** deps, size_t* count) {
+  return capture_info<decltype(&cuStreamGetCaptureInfo_v2)>(Hook::stream_get_capture_info_v2,
+                                                            stream, status, id, graph, deps, count);
+}
+
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+                                        size_t* count) {
+  return capture_info<decltype(&cuStreamGetCaptureInfo_v2_ptsz)>(
+      Hook::stream_get_capture_info_v2_ptsz, stream, status, id, graph, deps, count);
+}
+
+CUresult cuStreamGetCaptureInfo_v3(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                   CUgraph* graph, const CUgraphNode** deps,
+                                   const CUgraphEdgeData** edges, size_t* count) {
+  return capture_info<decltype(&cuStreamGetCaptureInfo_v3)>(
+      Hook::stream_get_capture_info_v3, stream, status, id, graph, deps, edges, count);
+}
+
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+                                        const CUgraphEdgeData** edges, size_t* count) {
+  return capture_info<decltype(&cuStreamGetCaptureInfo_v3_ptsz)>(
+      Hook::stream_get_capture_info_v3_ptsz, stream, status, id, graph, deps, edges, count);
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph graph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  return instantiate_with_params<decltype(&cuGraphInstantiateWithParams)>(
+      Hook::graph_instantiate_with_params, exec, graph, params);
+}
+
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* exec, CUgraph graph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  return instantiate_with_params<decltype(&cuGraphInstantiateWithParams_ptsz)>(
+      Hook::graph_instantiate_with_params_ptsz, exec, graph, params);
 }
 
 }  // extern "C"

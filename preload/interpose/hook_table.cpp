@@ -19,6 +19,8 @@
 #undef cuLaunchHostFunc
 #undef cuGraphLaunch
 #undef cuGraphInstantiate
+#undef cuStreamGetCaptureInfo
+#undef cuGraphInstantiateWithParams
 
 // The hooks (preload/hooks/*.cpp), exported under the driver's names.
 extern "C" {
@@ -86,6 +88,16 @@ CUresult cuLaunchHostFunc_ptsz(CUstream, CUhostFn, void*);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec*, CUgraph, unsigned long long);
+CUresult cuStreamGetCaptureInfo_v2(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                   const CUgraphNode**, size_t*);
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                        const CUgraphNode**, size_t*);
+CUresult cuStreamGetCaptureInfo_v3(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                   const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                        const CUgraphNode**, const CUgraphEdgeData**, size_t*);
+CUresult cuGraphInstantiateWithParams(CUgraphExec*, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS*);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec*, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS*);
 }
 
 namespace thaw::preload {
@@ -156,6 +168,20 @@ std::array<HookEntry, static_cast<std::size_t>(Hook::count)>& table() {
       {"cuGraphLaunch", reinterpret_cast<void*>(&::cuGraphLaunch), {}},
       {"cuGraphLaunch_ptsz", reinterpret_cast<void*>(&::cuGraphLaunch_ptsz), {}},
       {"cuGraphInstantiateWithFlags", reinterpret_cast<void*>(&::cuGraphInstantiateWithFlags), {}},
+      {"cuStreamGetCaptureInfo_v2", reinterpret_cast<void*>(&::cuStreamGetCaptureInfo_v2), {}},
+      {"cuStreamGetCaptureInfo_v2_ptsz",
+       reinterpret_cast<void*>(&::cuStreamGetCaptureInfo_v2_ptsz),
+       {}},
+      {"cuStreamGetCaptureInfo_v3", reinterpret_cast<void*>(&::cuStreamGetCaptureInfo_v3), {}},
+      {"cuStreamGetCaptureInfo_v3_ptsz",
+       reinterpret_cast<void*>(&::cuStreamGetCaptureInfo_v3_ptsz),
+       {}},
+      {"cuGraphInstantiateWithParams",
+       reinterpret_cast<void*>(&::cuGraphInstantiateWithParams),
+       {}},
+      {"cuGraphInstantiateWithParams_ptsz",
+       reinterpret_cast<void*>(&::cuGraphInstantiateWithParams_ptsz),
+       {}},
   }};
   return t;
 }

@@ -72,6 +72,12 @@ enum class Hook : std::size_t {
   graph_launch,
   graph_launch_ptsz,
   graph_instantiate_with_flags,
+  stream_get_capture_info_v2,
+  stream_get_capture_info_v2_ptsz,
+  stream_get_capture_info_v3,
+  stream_get_capture_info_v3_ptsz,
+  graph_instantiate_with_params,
+  graph_instantiate_with_params_ptsz,
   count
 };
 

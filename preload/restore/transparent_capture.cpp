@@ -301,7 +301,7 @@ std::string differs(const graphs::KernelNode& n, CUfunction f, const KeptLaunch&
 
 }  // namespace
 
-void transparent_capture_began(CUstream stream, bool per_thread) {
+void transparent_capture_began(CUstream stream, bool per_thread, bool into_graph) {
   if (!config().transparent_graphs || config().disabled) return;
   State& s = state();
   std::lock_guard lock(s.mutex);
@@ -316,9 +316,13 @@ void transparent_capture_began(CUstream stream, bool per_thread) {
     return;
   }
   ++s.captures;
-  if (default_stream(stream) || find(s, stream) != s.active.end()) {
-    count_fallback(s, "default stream");
-    debug("graph restore: capture {} captured live: it captures a default stream", s.captures);
+  const char* why = into_graph                          ? "capture into a graph"
+                    : default_stream(stream)            ? "default stream"
+                    : find(s, stream) != s.active.end() ? "stream elided already"
+                                                        : nullptr;
+  if (why != nullptr) {
+    count_fallback(s, why);
+    debug("graph restore: recorded graph {} captured live: {}", match->graph->index, why);
     runtime().graph_restore().transparent_drop(*d, match->position);
     return;
   }

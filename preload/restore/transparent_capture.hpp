@@ -42,8 +42,9 @@ inline bool eliding() {
 using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                     unsigned, unsigned, CUstream, void**, void**);
 
-// The capture hooks (after a successful begin, before the real end).
-void transparent_capture_began(CUstream stream, bool per_thread);
+// The capture hooks (after a successful begin, before the real end). `into_graph`: begun with
+// cuStreamBeginCaptureToGraph (into an existing graph, after its nodes): never elided.
+void transparent_capture_began(CUstream stream, bool per_thread, bool into_graph);
 // Before the real end: the graph to hand back instead of the driver's, or nullopt (the kept
 // launches, if any, were replayed: the real end returns the live graph).
 struct TransparentEnd {

@@ -8,12 +8,13 @@
 //   plain   nothing;
 //   memset  a cuMemsetD32Async of c (a node the driver captures, the shim does not elide);
 //   event   a cuEventRecord on the capturing stream (a call the elision does not model);
-//   scale   axpb's scale is 3, not 2 (a kernel parameter that differs from the record).
+//   scale   axpb's scale is 3, not 2 (a kernel parameter that differs from the record);
+//   query   cuStreamGetCaptureInfo asking for the capture's graph (what the elision left out).
 // At the end of the capture it prints the graph as the driver describes it (graph_parity.hpp),
 // then instantiates it (destroying the graph right after, as PyTorch does), launches it and
 // prints a checksum of a and c: {"graph": ..., "sum_a": x, "sum_c": y}.
 //
-// usage: PROBE_MODE=plain|memset|event|scale transparent_capture_probe MODEL_FILE
+// usage: PROBE_MODE=plain|memset|event|scale|query transparent_capture_probe MODEL_FILE
 #include <cuda.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
   if (argc != 2 || mode_env == nullptr) {
     std::fprintf(
         stderr,
-        "usage: PROBE_MODE=plain|memset|event|scale transparent_capture_probe MODEL_FILE\n");
+        "usage: PROBE_MODE=plain|memset|event|scale|query transparent_capture_probe MODEL_FILE\n");
     return 2;
   }
   const std::string mode = mode_env;
@@ -105,6 +106,20 @@ int main(int argc, char** argv) {
   launch(vec_add, "vec_add", s, vec_args, n);
   if (mode == "memset") check(cuMemsetD32Async(c, 0x3f800000u, n, s), "cuMemsetD32Async");
   if (mode == "event") check(cuEventRecord(event, s), "cuEventRecord");
+  if (mode == "query") {
+    CUstreamCaptureStatus status{};
+    cuuint64_t id = 0;
+    CUgraph capturing = nullptr;
+    check(cuStreamGetCaptureInfo(s, &status, &id, &capturing, nullptr, nullptr, nullptr),
+          "cuStreamGetCaptureInfo");
+    size_t nodes = 0;
+    check(cuGraphGetNodes(capturing, nullptr, &nodes), "cuGraphGetNodes");
+    // What a live capture has at this point: the first launch.
+    if (nodes != 1) {
+      std::fprintf(stderr, "the capture's graph holds %zu nodes after one launch\n", nodes);
+      return 3;
+    }
+  }
   launch(axpb, "axpb", s, axpb_args, n);
   launch(add_into, "add_into", s, add_args, n);
   check(cuStreamEndCapture(s, &graph), "cuStreamEndCapture");

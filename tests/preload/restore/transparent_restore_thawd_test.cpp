@@ -14,8 +14,8 @@
 //     capture hands back with the driver's graph queries (graph_parity.hpp): the transparent
 //     one equals the live one node by node (types, kernels, dimensions, parameter bytes) and
 //     edge by edge, and so do the results; a node the driver captured meanwhile (a memset), an
-//     unmodelled call (an event record) and a perturbed parameter each fall back to a graph
-//     equal to a live capture's.
+//     unmodelled call (an event record, a capture-info query for the graph) and a perturbed
+//     parameter each fall back to a graph equal to a live capture's.
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -126,7 +126,8 @@ TEST_F(TransparentRestoreWithThawd, SecondRunRestoresEveryGraphWithTheSameTokens
       << second.shim_log;
   EXPECT_EQ(second.count("restored transparently"), 3u) << second.shim_log;
   EXPECT_EQ(second.count("captured live"), 0u) << second.shim_log;
-  // The graphs handed back are recorded as live ones are: the stored record is unchanged.
+  // The graphs handed back are kept in the record as their recorded selves (not walked again):
+  // the record the run stores is the one it restored from.
   EXPECT_EQ(thaw::testing::slurp(graphs_record()), record_before);
 
   // A third run restores again (the record it stored is as good as the first's).
@@ -134,6 +135,12 @@ TEST_F(TransparentRestoreWithThawd, SecondRunRestoresEveryGraphWithTheSameTokens
   expect_same_output(third, live);
   EXPECT_EQ(third.summary(), "thaw: graph restore summary: captures=3 transparent=3 fallbacks=0")
       << third.shim_log;
+
+  // What the shims reported to thawd at exit (protocol 5's graph restore counters).
+  const std::string metrics = thaw::testing::run({"/usr/bin/curl", "-sf", metrics_url()}).output;
+  EXPECT_NE(metrics.find("thaw_engine_graphs_restored_total 6\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("thaw_engine_graph_restore_fallbacks_total 0\n"), std::string::npos)
+      << metrics;
 
   // Switched off: every graph captured live, nothing said.
   const EngineRunOut off = run("off", true, {}, "THAW_PRELOAD_TRANSPARENT_GRAPHS=0");
@@ -308,7 +315,9 @@ TEST_F(TransparentProbeWithThawd, FallbacksGiveTheLiveGraph) {
        {Case{"memset", "captured outside the shim: 1",
              "the driver captured 1 node(s) the shim does not elide"},
         Case{"event", "unmodelled call: 1", "cuEventRecord on the capturing stream"},
-        Case{"scale", "launch mismatch: 1", "parameter 1 of axpb differs"}}) {
+        Case{"scale", "launch mismatch: 1", "parameter 1 of axpb differs"},
+        Case{"query", "unmodelled call: 1",
+             "a capture-info query for the graph or its dependencies on the capturing stream"}}) {
     SCOPED_TRACE(c.mode);
     const Probe live =
         probe(std::string("live_") + c.mode, c.mode, true, "THAW_PRELOAD_TRANSPARENT_GRAPHS=0");
