@@ -61,7 +61,11 @@ class ChildProcess {
     pid_ = -1;
     return status_;
   }
-  bool running() { return pid_ > 0 && waitpid(pid_, &status_, WNOHANG) == 0; }
+  bool running() {
+    if (pid_ <= 0) return false;
+    if (waitpid(pid_, &status_, WNOHANG) == pid_) pid_ = -1;  // reaped: its status is kept
+    return pid_ > 0;
+  }
   std::string log() const {
     std::ifstream in(log_);
     std::stringstream s;
