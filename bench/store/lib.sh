@@ -145,41 +145,9 @@ free_port() {
 
 # ------------------------------------------------------------------------- namespaces
 NS_PREFIX="thawb$$"
-# make_netns NAME: a namespace with lo up, deleted on exit.
-make_netns() {
-  ip netns add "$1"
-  defer "ip netns del '$1'"
-  ip -n "$1" link set lo up
-}
-
-# link_ns NS_A IF_A ADDR_A NS_B IF_B ADDR_B [MTU]: a veth pair between two namespaces.
-# Deleting the namespaces also deletes the pair; the explicit deferral covers a failure
-# between creation and the move.
-link_ns() {
-  local nsa=$1 ifa=$2 addra=$3 nsb=$4 ifb=$5 addrb=$6 mtu=${7:-1500}
-  ip link add "$ifa" type veth peer name "$ifb"
-  defer "ip link del '$ifa'"
-  ip link set "$ifa" netns "$nsa"
-  ip link set "$ifb" netns "$nsb"
-  ip -n "$nsa" link set "$ifa" mtu "$mtu"
-  ip -n "$nsb" link set "$ifb" mtu "$mtu"
-  ip -n "$nsa" addr add "$addra/24" dev "$ifa"
-  ip -n "$nsb" addr add "$addrb/24" dev "$ifb"
-  ip -n "$nsa" link set "$ifa" up
-  ip -n "$nsb" link set "$ifb" up
-}
-
-# shape_egress NS IF RATE: HTB on the egress of IF (inside NS): one class, rate = ceil =
-# RATE, burst/cburst SHAPE_BURST, every packet in it (default 10), pfifo leaf. This is the
-# whole shaping; the reverse direction (ACKs) is not shaped.
-SHAPE_BURST=${SHAPE_BURST:-64k}
-shape_egress() {
-  local netns=$1 dev=$2 rate=$3
-  tc -n "$netns" qdisc add dev "$dev" root handle 1: htb default 10 r2q 1000
-  tc -n "$netns" class add dev "$dev" parent 1: classid 1:10 htb rate "$rate" ceil "$rate" \
-    burst "$SHAPE_BURST" cburst "$SHAPE_BURST"
-  tc -n "$netns" qdisc add dev "$dev" parent 1:10 handle 10: pfifo limit 1000
-}
+# make_netns, link_ns, shape_egress (SHAPE_BURST): shared with the cluster in a box.
+# shellcheck source=tools/demo-cluster/netns.sh
+source "$REPO_ROOT/tools/demo-cluster/netns.sh"
 
 # tc_rate_bps 1gbit -> 1000000000 (tc's units: kbit/mbit/gbit are powers of 1000).
 tc_rate_bps() {
