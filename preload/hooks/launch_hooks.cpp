@@ -21,6 +21,10 @@
 #undef cuGraphInstantiate
 #undef cuStreamGetCaptureInfo
 #undef cuGraphInstantiateWithParams
+#undef cuMemsetD8Async
+#undef cuMemsetD16Async
+#undef cuMemsetD32Async
+#undef cuMemcpyDtoDAsync
 
 extern "C" {
 CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -36,6 +40,10 @@ CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream, CUstreamCaptureStatus*, cuuint
 CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
                                         const CUgraphNode**, const CUgraphEdgeData**, size_t*);
 CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec*, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS*);
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr, unsigned char, size_t, CUstream);
+CUresult cuMemsetD16Async_ptsz(CUdeviceptr, unsigned short, size_t, CUstream);
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr, unsigned int, size_t, CUstream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 }
 
 using namespace thaw::preload;
@@ -91,6 +99,30 @@ CUresult instantiate_with_params(Hook h, CUgraphExec* exec, CUgraph graph,
     }
   }
   return fn(exec, graph, params);
+}
+
+template <typename Fn, typename Value>
+CUresult memset_async(Hook h, CUdeviceptr dst, Value value, size_t count, CUstream stream) {
+  auto fn = real<Fn>(h);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (eliding()) {
+    if (auto r = transparent_memset([=] { return fn(dst, value, count, stream); }, dst,
+                                    static_cast<unsigned>(value), sizeof(Value), count, stream))
+      return *r;
+  }
+  return fn(dst, value, count, stream);
+}
+
+template <typename Fn>
+CUresult copy_dtod_async(Hook h, CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  auto fn = real<Fn>(h);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (eliding()) {
+    if (auto r =
+            transparent_copy([=] { return fn(dst, src, bytes, stream); }, dst, src, bytes, stream))
+      return *r;
+  }
+  return fn(dst, src, bytes, stream);
 }
 
 }  // namespace
@@ -218,6 +250,47 @@ CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* exec, CUgraph graph,
                                            CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
   return instantiate_with_params<decltype(&cuGraphInstantiateWithParams_ptsz)>(
       Hook::graph_instantiate_with_params_ptsz, exec, graph, params);
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
+  return memset_async<decltype(&cuMemsetD8Async)>(Hook::memset_d8_async, dst, value, count, stream);
+}
+
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
+  return memset_async<decltype(&cuMemsetD8Async_ptsz)>(Hook::memset_d8_async_ptsz, dst, value,
+                                                       count, stream);
+}
+
+CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t count, CUstream stream) {
+  return memset_async<decltype(&cuMemsetD16Async)>(Hook::memset_d16_async, dst, value, count,
+                                                   stream);
+}
+
+CUresult cuMemsetD16Async_ptsz(CUdeviceptr dst, unsigned short value, size_t count,
+                               CUstream stream) {
+  return memset_async<decltype(&cuMemsetD16Async_ptsz)>(Hook::memset_d16_async_ptsz, dst, value,
+                                                        count, stream);
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream) {
+  return memset_async<decltype(&cuMemsetD32Async)>(Hook::memset_d32_async, dst, value, count,
+                                                   stream);
+}
+
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream) {
+  return memset_async<decltype(&cuMemsetD32Async_ptsz)>(Hook::memset_d32_async_ptsz, dst, value,
+                                                        count, stream);
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  return copy_dtod_async<decltype(&cuMemcpyDtoDAsync_v2)>(Hook::memcpy_dtod_async, dst, src, bytes,
+                                                          stream);
+}
+
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                                   CUstream stream) {
+  return copy_dtod_async<decltype(&cuMemcpyDtoDAsync_v2_ptsz)>(Hook::memcpy_dtod_async_ptsz, dst,
+                                                               src, bytes, stream);
 }
 
 }  // extern "C"

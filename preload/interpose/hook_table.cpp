@@ -21,6 +21,10 @@
 #undef cuGraphInstantiate
 #undef cuStreamGetCaptureInfo
 #undef cuGraphInstantiateWithParams
+#undef cuMemsetD8Async
+#undef cuMemsetD16Async
+#undef cuMemsetD32Async
+#undef cuMemcpyDtoDAsync
 
 // The hooks (preload/hooks/*.cpp), exported under the driver's names.
 extern "C" {
@@ -98,6 +102,14 @@ CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream, CUstreamCaptureStatus*, cuuint
                                         const CUgraphNode**, const CUgraphEdgeData**, size_t*);
 CUresult cuGraphInstantiateWithParams(CUgraphExec*, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS*);
 CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec*, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS*);
+CUresult cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, CUstream);
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr, unsigned char, size_t, CUstream);
+CUresult cuMemsetD16Async(CUdeviceptr, unsigned short, size_t, CUstream);
+CUresult cuMemsetD16Async_ptsz(CUdeviceptr, unsigned short, size_t, CUstream);
+CUresult cuMemsetD32Async(CUdeviceptr, unsigned int, size_t, CUstream);
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr, unsigned int, size_t, CUstream);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 }
 
 namespace thaw::preload {
@@ -182,6 +194,14 @@ std::array<HookEntry, static_cast<std::size_t>(Hook::count)>& table() {
       {"cuGraphInstantiateWithParams_ptsz",
        reinterpret_cast<void*>(&::cuGraphInstantiateWithParams_ptsz),
        {}},
+      {"cuMemsetD8Async", reinterpret_cast<void*>(&::cuMemsetD8Async), {}},
+      {"cuMemsetD8Async_ptsz", reinterpret_cast<void*>(&::cuMemsetD8Async_ptsz), {}},
+      {"cuMemsetD16Async", reinterpret_cast<void*>(&::cuMemsetD16Async), {}},
+      {"cuMemsetD16Async_ptsz", reinterpret_cast<void*>(&::cuMemsetD16Async_ptsz), {}},
+      {"cuMemsetD32Async", reinterpret_cast<void*>(&::cuMemsetD32Async), {}},
+      {"cuMemsetD32Async_ptsz", reinterpret_cast<void*>(&::cuMemsetD32Async_ptsz), {}},
+      {"cuMemcpyDtoDAsync_v2", reinterpret_cast<void*>(&::cuMemcpyDtoDAsync_v2), {}},
+      {"cuMemcpyDtoDAsync_v2_ptsz", reinterpret_cast<void*>(&::cuMemcpyDtoDAsync_v2_ptsz), {}},
   }};
   return t;
 }

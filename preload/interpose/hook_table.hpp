@@ -78,6 +78,14 @@ enum class Hook : std::size_t {
   stream_get_capture_info_v3_ptsz,
   graph_instantiate_with_params,
   graph_instantiate_with_params_ptsz,
+  memset_d8_async,
+  memset_d8_async_ptsz,
+  memset_d16_async,
+  memset_d16_async_ptsz,
+  memset_d32_async,
+  memset_d32_async_ptsz,
+  memcpy_dtod_async,
+  memcpy_dtod_async_ptsz,
   count
 };
 

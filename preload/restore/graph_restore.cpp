@@ -710,14 +710,21 @@ std::optional<std::vector<std::uint32_t>> GraphRestore::chain_of(const RecordedG
 
 namespace {
 
-// What the elision compares launches with: kernel nodes only (memsets and memcpys are captured
-// by the driver and so fall back).
+// What the elision compares calls with: kernel launches, memsets (cuMemsetD8/16/32Async) and
+// device-to-device copies (cuMemcpyDtoDAsync).
 std::optional<std::string> not_elidable(const RecordedGraph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-    if (!g.nodes[i].kernel) {
-      return fmt::format("node {} is a {} node (only kernel launches are elided)", i,
-                         graphs::to_string(g.nodes[i].type));
+    const RecordedNode& n = g.nodes[i];
+    if (n.kernel) continue;
+    if (n.memset && n.memset->height == 1) continue;
+    if (n.memcpy && n.memcpy->src_memory_type == CU_MEMORYTYPE_DEVICE &&
+        n.memcpy->dst_memory_type == CU_MEMORYTYPE_DEVICE) {
+      continue;
     }
+    return fmt::format(
+        "node {} is a {} node the shim does not elide (kernel launches, 1-D memsets and "
+        "device-to-device copies are)",
+        i, graphs::to_string(n.type));
   }
   return std::nullopt;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,14 +31,19 @@ Fn driver_fn(const char* name) {
   return reinterpret_cast<Fn>(driver_symbol(name));
 }
 
-// A launch the elision kept: its arguments deep-copied.
+// A call the elision kept: a kernel launch with its arguments deep-copied, or a memset / a
+// device-to-device copy (their arguments are values).
 struct KeptLaunch {
+  enum class Kind { kernel, memset, copy } kind = Kind::kernel;
   LaunchKernelFn real = nullptr;
   CUfunction f = nullptr;
   unsigned grid[3]{}, block[3]{}, shared = 0;
   CUstream stream = nullptr;
   std::vector<std::uint8_t> bytes;     // the parameters, laid out as the record's slots
   std::vector<std::uint32_t> offsets;  // of each parameter in bytes
+  std::function<CUresult()> call;      // memset, copy: the call itself, to the driver
+  CUDA_MEMSET_NODE_PARAMS memset{};
+  CUDA_MEMCPY3D copy{};
 };
 
 struct Elision {
@@ -184,8 +190,10 @@ CUresult replay(Elision& e, std::string& why) {
     for (KeptLaunch& k : e.kept) {
       std::vector<void*> p = param_pointers(k);
       const CUresult r =
-          k.real(k.f, k.grid[0], k.grid[1], k.grid[2], k.block[0], k.block[1], k.block[2], k.shared,
-                 k.stream, p.empty() ? nullptr : p.data(), nullptr);
+          k.kind != KeptLaunch::Kind::kernel
+              ? k.call()
+              : k.real(k.f, k.grid[0], k.grid[1], k.grid[2], k.block[0], k.block[1], k.block[2],
+                       k.shared, k.stream, p.empty() ? nullptr : p.data(), nullptr);
       if (r != CUDA_SUCCESS) {
         why = fmt::format("replaying a kept launch failed: CUresult {}", static_cast<int>(r));
         return r;
@@ -203,6 +211,12 @@ CUresult replay(Elision& e, std::string& why) {
   auto add_kernel = driver_fn<AddKernel>("cuGraphAddKernelNode_v2");
   if (add_kernel == nullptr) add_kernel = driver_fn<AddKernel>("cuGraphAddKernelNode");
   auto add_deps = driver_fn<AddDeps>("cuGraphAddDependencies");
+  using AddMemset = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                                 const CUDA_MEMSET_NODE_PARAMS*, CUcontext);
+  using AddMemcpy = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                                 const CUDA_MEMCPY3D*, CUcontext);
+  auto add_memset = driver_fn<AddMemset>("cuGraphAddMemsetNode");
+  auto add_memcpy = driver_fn<AddMemcpy>("cuGraphAddMemcpyNode");
   if (edges == nullptr || add_kernel == nullptr || add_deps == nullptr) {
     why = "the driver lacks cuGraphGetEdges / cuGraphAddKernelNode / cuGraphAddDependencies";
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -222,6 +236,24 @@ CUresult replay(Elision& e, std::string& why) {
   if (auto get = driver_fn<CUresult (*)(CUcontext*)>("cuCtxGetCurrent")) (void)get(&ctx);
   CUgraphNode last = nullptr;
   for (KeptLaunch& k : e.kept) {
+    const CUgraphNode* deps = last ? &last : nullptr;
+    const size_t ndeps = last ? 1 : 0;
+    if (k.kind != KeptLaunch::Kind::kernel) {
+      CUgraphNode node = nullptr;
+      CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+      if (k.kind == KeptLaunch::Kind::memset && add_memset != nullptr) {
+        r = add_memset(&node, graph, deps, ndeps, &k.memset, ctx);
+      } else if (k.kind == KeptLaunch::Kind::copy && add_memcpy != nullptr) {
+        r = add_memcpy(&node, graph, deps, ndeps, &k.copy, ctx);
+      }
+      if (r != CUDA_SUCCESS) {
+        why = fmt::format("adding a kept memset or copy to the capture failed: CUresult {}",
+                          static_cast<int>(r));
+        return r;
+      }
+      last = node;
+      continue;
+    }
     std::vector<void*> p = param_pointers(k);
     CUDA_KERNEL_NODE_PARAMS params{};
     params.func = k.f;
@@ -299,7 +331,105 @@ std::string differs(const graphs::KernelNode& n, CUfunction f, const KeptLaunch&
   return "";
 }
 
+// The elision of `stream`'s capture, if any, after the check that the driver captured nothing
+// meanwhile (which stops it: then `forward` says what to answer). Under the lock.
+std::vector<Elision>::iterator elided(State& s, CUstream stream, std::optional<CUresult>& forward) {
+  auto it = find(s, stream);
+  if (it == s.active.end()) return it;
+  if (captured_on_stream(*it)) {
+    const std::size_t n = captured_nodes(*it);
+    const CUresult r =
+        fall_back(s, it, "captured outside the shim",
+                  fmt::format("the driver captured {} node(s) the shim does not elide", n));
+    if (r != CUDA_SUCCESS) forward = r;
+    return s.active.end();
+  }
+  return it;
+}
+
+// Keeps `k` when `why_not(recorded node)` says nothing, else stops the elision.
+std::optional<CUresult> keep(
+    State& s, std::vector<Elision>::iterator it, KeptLaunch k,
+    const std::function<std::string(const graphs::RecordedNode&)>& why_not) {
+  Elision& e = *it;
+  std::string why;
+  if (e.next >= e.match.chain.size()) {
+    why = "more calls than the recorded graph has nodes";
+  } else {
+    why = why_not(e.match.graph->nodes[e.match.chain[e.next]]);
+  }
+  if (!why.empty()) {
+    const CUresult r = fall_back(s, it, "launch mismatch", why);
+    if (r != CUDA_SUCCESS) return r;
+    return std::nullopt;
+  }
+  e.kept.push_back(std::move(k));
+  ++e.next;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
+
+std::optional<CUresult> transparent_memset(std::function<CUresult()> call, CUdeviceptr dst,
+                                           unsigned value, unsigned element_size, size_t count,
+                                           CUstream stream) {
+  if (ReentryGuard::inside()) return std::nullopt;
+  ReentryGuard guard;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  std::optional<CUresult> forward;
+  auto it = elided(s, stream, forward);
+  if (it == s.active.end()) return forward;
+  KeptLaunch k;
+  k.kind = KeptLaunch::Kind::memset;
+  k.call = std::move(call);
+  k.memset.dst = dst;
+  k.memset.value = value;
+  k.memset.elementSize = element_size;
+  k.memset.width = count;
+  k.memset.height = 1;
+  k.memset.pitch = 0;
+  return keep(s, it, std::move(k), [&](const graphs::RecordedNode& n) -> std::string {
+    if (!n.memset)
+      return fmt::format("a memset where the record has a {} node", graphs::to_string(n.type));
+    const graphs::MemsetNode& m = *n.memset;
+    // One row: its pitch means nothing (drivers record 0 or the row's bytes).
+    const bool same = m.dst == dst && m.value == value && m.element_size == element_size &&
+                      m.width == count && m.height == 1 &&
+                      (m.pitch == 0 || m.pitch == count * element_size);
+    return same ? "" : "a memset that differs from the record";
+  });
+}
+
+std::optional<CUresult> transparent_copy(std::function<CUresult()> call, CUdeviceptr dst,
+                                         CUdeviceptr src, size_t bytes, CUstream stream) {
+  if (ReentryGuard::inside()) return std::nullopt;
+  ReentryGuard guard;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  std::optional<CUresult> forward;
+  auto it = elided(s, stream, forward);
+  if (it == s.active.end()) return forward;
+  KeptLaunch k;
+  k.kind = KeptLaunch::Kind::copy;
+  k.call = std::move(call);
+  k.copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  k.copy.srcDevice = src;
+  k.copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  k.copy.dstDevice = dst;
+  k.copy.WidthInBytes = bytes;
+  k.copy.Height = 1;
+  k.copy.Depth = 1;
+  return keep(s, it, std::move(k), [&](const graphs::RecordedNode& n) -> std::string {
+    if (!n.memcpy)
+      return fmt::format("a copy where the record has a {} node", graphs::to_string(n.type));
+    const graphs::MemcpyNode& c = *n.memcpy;
+    const bool same = c.src == src && c.dst == dst && c.bytes == bytes &&
+                      c.src_memory_type == CU_MEMORYTYPE_DEVICE &&
+                      c.dst_memory_type == CU_MEMORYTYPE_DEVICE;
+    return same ? "" : "a device-to-device copy that differs from the record";
+  });
+}
 
 void transparent_capture_began(CUstream stream, bool per_thread, bool into_graph) {
   if (!config().transparent_graphs || config().disabled) return;
@@ -342,18 +472,10 @@ std::optional<CUresult> transparent_launch(LaunchKernelFn real, CUfunction f, un
   ReentryGuard guard;
   State& s = state();
   std::lock_guard lock(s.mutex);
-  auto it = find(s, stream);
-  if (it == s.active.end()) return std::nullopt;
+  std::optional<CUresult> forward;
+  auto it = elided(s, stream, forward);
+  if (it == s.active.end()) return forward;
   Elision& e = *it;
-  if (captured_on_stream(e)) {
-    const std::size_t n = captured_nodes(e);
-    const CUresult r = fall_back(s, it, "captured outside the shim",
-                                 fmt::format("the driver captured {} node(s) the shim does not "
-                                             "elide",
-                                             n));
-    if (r != CUDA_SUCCESS) return r;
-    return std::nullopt;
-  }
   KeptLaunch k;
   k.real = real;
   k.f = f;
@@ -366,9 +488,16 @@ std::optional<CUresult> transparent_launch(LaunchKernelFn real, CUfunction f, un
     why = "more launches than the recorded graph has nodes";
   } else {
     const std::uint32_t node = e.match.chain[e.next];
-    const graphs::KernelNode& n = *e.match.graph->nodes[node].kernel;
-    why = differs(n, e.match.functions[node], k, params, extra);
+    const graphs::RecordedNode& recorded = e.match.graph->nodes[node];
+    if (!recorded.kernel) {
+      why = fmt::format("a kernel launch where the record has a {} node",
+                        graphs::to_string(recorded.type));
+    } else {
+      why = differs(*recorded.kernel, e.match.functions[node], k, params, extra);
+    }
+    const graphs::KernelNode* nk = recorded.kernel ? &*recorded.kernel : nullptr;
     if (why.empty()) {
+      const graphs::KernelNode& n = *nk;
       k.bytes = n.param_bytes;  // equal to the launch's, byte for byte
       for (const graphs::ParamSlot& slot : n.params) k.offsets.push_back(slot.offset);
     }

@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "common/graphs/graph_record.hpp"
@@ -62,6 +63,13 @@ std::optional<CUresult> transparent_launch(LaunchKernelFn real, CUfunction f, un
                                            unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                            unsigned bz, unsigned shared, CUstream stream,
                                            void** params, void** extra);
+// The memset hooks (cuMemsetD8/D16/D32Async) and the device-to-device copy hook
+// (cuMemcpyDtoDAsync): `call` is the call itself, made if the elision stops.
+std::optional<CUresult> transparent_memset(std::function<CUresult()> call, CUdeviceptr dst,
+                                           unsigned value, unsigned element_size, size_t count,
+                                           CUstream stream);
+std::optional<CUresult> transparent_copy(std::function<CUresult()> call, CUdeviceptr dst,
+                                         CUdeviceptr src, size_t bytes, CUstream stream);
 // A hooked call on `stream` the elision does not model (`what`: the call's name): the elision
 // of a capture on it stops first (kept launches replayed).
 void transparent_unmodeled(CUstream stream, const char* what);

@@ -615,10 +615,12 @@ TEST(GraphRestoreTransparent, RefusalsSayWhy) {
     ASSERT_FALSE(m);
     EXPECT_EQ(m.error().reason, "allocation index") << m.error().why;
   }
-  {  // a memset node: not elided (the driver captures memsets)
+  {  // a copy from host memory: not elided (only device-to-device copies are)
     Fixture f;
-    GraphRecord r = record();
-    r.graphs[0].label.clear();
+    GraphRecord r = kernel_chain_record(5);
+    r.graphs[0].nodes[1] = {NodeType::memcpy, std::nullopt, std::nullopt,
+                            MemcpyNode{kBase, kBase + 0x100, 16, CU_MEMORYTYPE_HOST,
+                                       CU_MEMORYTYPE_DEVICE}};
     f.text = graph_record_to_json(r);
     GraphRestore restore(f.env());
     restore.enable_transparent(true);

@@ -6,7 +6,9 @@
 // MODE (the environment's PROBE_MODE: argv is part of the engine's fingerprint, so every mode
 // must be the same command line) changes what happens between the first and second launch:
 //   plain   nothing;
-//   memset  a cuMemsetD32Async of c (a node the driver captures, the shim does not elide);
+//   unhooked  a cuMemcpyAsync c <- b (a node the driver captures, the shim does not elide);
+//   ops     a cuMemcpyDtoDAsync b <- c and a cuMemsetD32Async of c to 1.0f (both elided too);
+//   ops_value  the same with the memset's value 2.0f (differs from an "ops" record);
 //   event   a cuEventRecord on the capturing stream (a call the elision does not model);
 //   scale   axpb's scale is 3, not 2 (a kernel parameter that differs from the record);
 //   query   cuStreamGetCaptureInfo asking for the capture's graph (what the elision left out).
@@ -14,7 +16,8 @@
 // then instantiates it (destroying the graph right after, as PyTorch does), launches it and
 // prints a checksum of a and c: {"graph": ..., "sum_a": x, "sum_c": y}.
 //
-// usage: PROBE_MODE=plain|memset|event|scale|query transparent_capture_probe MODEL_FILE
+// usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query transparent_capture_probe
+// MODEL_FILE
 #include <cuda.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -46,9 +49,9 @@ void launch(CUfunction f, const char* name, CUstream s, void** args, unsigned n)
 int main(int argc, char** argv) {
   const char* mode_env = std::getenv("PROBE_MODE");
   if (argc != 2 || mode_env == nullptr) {
-    std::fprintf(
-        stderr,
-        "usage: PROBE_MODE=plain|memset|event|scale|query transparent_capture_probe MODEL_FILE\n");
+    std::fprintf(stderr,
+                 "usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query "
+                 "transparent_capture_probe MODEL_FILE\n");
     return 2;
   }
   const std::string mode = mode_env;
@@ -104,7 +107,11 @@ int main(int argc, char** argv) {
   CUgraph graph = nullptr;
   check(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
   launch(vec_add, "vec_add", s, vec_args, n);
-  if (mode == "memset") check(cuMemsetD32Async(c, 0x3f800000u, n, s), "cuMemsetD32Async");
+  if (mode == "unhooked") check(cuMemcpyAsync(c, b, n * sizeof(float), s), "cuMemcpyAsync");
+  if (mode == "ops" || mode == "ops_value") {
+    check(cuMemcpyDtoDAsync(b, c, n * sizeof(float), s), "cuMemcpyDtoDAsync");
+    check(cuMemsetD32Async(c, mode == "ops" ? 0x3f800000u : 0x40000000u, n, s), "cuMemsetD32Async");
+  }
   if (mode == "event") check(cuEventRecord(event, s), "cuEventRecord");
   if (mode == "query") {
     CUstreamCaptureStatus status{};

@@ -312,7 +312,7 @@ TEST_F(TransparentProbeWithThawd, FallbacksGiveTheLiveGraph) {
     const char* line;
   };
   for (const Case& c :
-       {Case{"memset", "captured outside the shim: 1",
+       {Case{"unhooked", "captured outside the shim: 1",
              "the driver captured 1 node(s) the shim does not elide"},
         Case{"event", "unmodelled call: 1", "cuEventRecord on the capturing stream"},
         Case{"scale", "launch mismatch: 1", "parameter 1 of axpb differs"},
@@ -337,6 +337,41 @@ TEST_F(TransparentProbeWithThawd, FallbacksGiveTheLiveGraph) {
   expect_parity(again, plain_live);
   EXPECT_EQ(again.summary(), "thaw: graph restore summary: captures=1 transparent=1 fallbacks=0")
       << again.shim_log;
+  EXPECT_EQ(stop_thawd(), 0) << log();
+}
+
+TEST_F(TransparentProbeWithThawd, MemsetsAndDeviceCopiesAreElidedAndReplayed) {
+  // A chain of a kernel, a device-to-device copy, a memset and two kernels.
+  const Probe live = probe("live_ops", "ops", true, "THAW_PRELOAD_TRANSPARENT_GRAPHS=0");
+  ASSERT_EQ(live.engine.exit_code, 0) << live.engine.err;
+  ASSERT_EQ(live.out["graph"]["nodes"].size(), 5u) << live.engine.out;
+  fs::path record;
+  for (const auto& e : fs::directory_iterator(dir_.path() / "state" / "artifacts")) {
+    if (e.path().filename().string().starts_with("graphs-")) record = e.path();
+  }
+  ASSERT_FALSE(record.empty()) << live.shim_log;
+  const std::string ops_record = thaw::testing::slurp(record);
+  const Probe ops = probe("ops", "ops");
+  expect_parity(ops, live);
+  EXPECT_EQ(ops.summary(), "thaw: graph restore summary: captures=1 transparent=1 fallbacks=0")
+      << ops.shim_log;
+
+  // A memset of another value: the kernel and the copy kept so far are replayed, the rest is
+  // captured live — the live graph.
+  const Probe live_value =
+      probe("live_ops_value", "ops_value", true, "THAW_PRELOAD_TRANSPARENT_GRAPHS=0");
+  ASSERT_EQ(live_value.engine.exit_code, 0) << live_value.engine.err;
+  std::ofstream(record, std::ios::trunc) << ops_record;
+  const Probe value = probe("ops_value", "ops_value");
+  expect_parity(value, live_value);
+  EXPECT_EQ(value.summary(),
+            "thaw: graph restore summary: captures=1 transparent=0 fallbacks=1 "
+            "(launch mismatch: 1)")
+      << value.shim_log;
+  EXPECT_NE(value.shim_log.find("captured live from node 2 of 5: a memset that differs"),
+            std::string::npos)
+      << value.shim_log;
+  EXPECT_NE(value.out["sum_c"], ops.out["sum_c"]) << "the memset's value reached the result";
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
