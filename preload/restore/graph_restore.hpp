@@ -46,11 +46,11 @@
 // Transparent restore (no engine change; preload/restore/transparent_capture.hpp elides the
 // launches): at cuStreamBeginCapture transparent_candidate() names the first recorded graph not
 // yet used whose allocation index is the layout's count now, that is a single chain (one
-// stream) of kernel nodes and passes every check above; the worker pre-builds such graphs —
-// the CUgraph kept, and an exec instantiated with the flags last seen — once their allocation
-// index is reached (only while the engine does not use the ABI, which asks by label instead);
-// transparent_take() hands one out at the end of a fully matched capture after the checks are
-// made again, building it then if the worker has not.
+// stream) of kernel, 1-D memset and device-to-device copy nodes and passes every check above; the
+// worker pre-builds such graphs — the CUgraph kept, and an exec instantiated with the flags last
+// seen — once their allocation index is reached (only while the engine does not use the ABI, which
+// asks by label instead); transparent_take() hands one out at the end of a fully matched capture
+// after the checks are made again, building it then if the worker has not.
 //
 // The driver and the run's layout come in through GraphBuildDriver and
 // GraphRestoreEnvironment, so the logic is testable without either.

@@ -4,19 +4,23 @@
 // executable graph the worker instantiated beforehand.
 //
 // The capture itself is begun and ended FOR REAL with the driver, so every query and every
-// call the shim does not hook keeps the driver's semantics. While a capture is elided the
-// kernel-launch hooks on its stream do not forward: each launch is compared with the next
-// node of the recorded chain (the function as GraphRestore resolves the record's module digest
-// + name, grid, block, dynamic shared memory, each parameter's bytes) and deep-copied (the
-// driver copies parameters at launch, so must the shim). The first mismatch — or a hooked call
-// on the stream the elision does not model (an event record or wait, cuLaunchKernelEx, host
-// functions, graph launches), or a node the driver captured meanwhile (checked at every elided
-// launch and at the end) — stops the elision: the kept launches are replayed into the real
-// capture in order (or, when the driver captured nodes already, added before them as a chain),
-// then the current call is forwarded; one log line says which graph, which node and why, and
-// the reason is counted. The result is always what a live capture gives.
+// call the shim does not hook keeps the driver's semantics. While a capture is elided the hooks
+// of kernel launches (cuLaunchKernel), memsets (cuMemsetD8/D16/D32Async) and device-to-device
+// copies (cuMemcpyDtoDAsync) on its stream do not forward: each call is compared with the next
+// node of the recorded chain (a kernel's function as GraphRestore resolves the record's module
+// digest + name, grid, block, dynamic shared memory, each parameter's bytes; a memset's or a
+// copy's addresses, sizes and value) and kept, its arguments deep-copied (the driver copies
+// kernel parameters at launch, so must the shim). The first mismatch — or a hooked call on the
+// stream the elision does not model (an event record or wait, cuLaunchKernelEx, host
+// functions, graph launches, a capture-info query for the graph or its dependencies), or a
+// node the driver captured meanwhile (checked at every elided call and at the end) — stops the
+// elision: the kept calls are replayed into the real capture in order (or, when the driver
+// captured nodes already, added before them as a chain), then the current call is forwarded;
+// one log line says which graph, which node and why, and the reason is counted. The result is
+// always what a live capture gives.
 //
-// Hot path: with nothing elided each launch hook costs one relaxed atomic load (eliding()).
+// Hot path: with nothing elided each of these hooks costs one relaxed atomic load (eliding())
+// besides the lookup of the driver's function every hook makes.
 #pragma once
 
 #include <cuda.h>
