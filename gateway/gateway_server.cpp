@@ -197,6 +197,15 @@ void GatewayServer::stop() {
   server_->stop();
 }
 
+std::shared_ptr<Lease> GatewayServer::another_worker(const std::string& model,
+                                                     const std::string& refused_url) {
+  router_.mark_unreachable(refused_url, options_.unreachable_pause);
+  // Not held again: a request that already waited for a worker fails now rather than twice.
+  auto lease = router_.acquire(model, std::chrono::steady_clock::now());
+  if (!lease || (*lease)->url() == refused_url) return nullptr;
+  return std::move(*lease);
+}
+
 void GatewayServer::report_loop() {
   std::unique_lock lock(mutex_);
   while (!stop_cv_.wait_for(lock, options_.report_interval, [&] { return stopping_; })) {
@@ -317,32 +326,45 @@ void GatewayServer::install_handlers() {
     }
     std::shared_ptr<Lease> worker = std::move(*lease);
     if (!stream) {
-      auto client = upstream_client(worker->url(), options_);
       std::string answer;
       int status = 0;
       std::string content_type = "application/json";
       bool too_big = false;
-      httplib::Request up;
-      up.method = "POST";
-      up.path = "/v1/completions";
-      up.body = req.body;
-      up.set_header("Content-Type", "application/json");
-      up.response_handler = [&](const httplib::Response& r) {
-        status = r.status;
-        if (r.has_header("Content-Type")) content_type = r.get_header_value("Content-Type");
-        return true;
-      };
-      up.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
-        if (answer.size() + n > options_.max_upstream_bytes) {
-          too_big = true;
-          return false;
-        }
-        answer.append(data, n);
-        return true;
-      };
-      httplib::Response up_res;
       httplib::Error error = httplib::Error::Success;
-      const bool ok = client->send(up, up_res, error);
+      bool ok = false;
+      for (int attempt = 0;; ++attempt) {
+        auto client = upstream_client(worker->url(), options_);
+        answer.clear();
+        status = 0;
+        httplib::Request up;
+        up.method = "POST";
+        up.path = "/v1/completions";
+        up.body = req.body;
+        up.set_header("Content-Type", "application/json");
+        up.response_handler = [&](const httplib::Response& r) {
+          status = r.status;
+          if (r.has_header("Content-Type")) content_type = r.get_header_value("Content-Type");
+          return true;
+        };
+        up.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+          if (answer.size() + n > options_.max_upstream_bytes) {
+            too_big = true;
+            return false;
+          }
+          answer.append(data, n);
+          return true;
+        };
+        httplib::Response up_res;
+        ok = client->send(up, up_res, error);
+        // A refused connection sent nothing: another worker may take the request (once).
+        if (!ok && error == httplib::Error::Connection && attempt == 0) {
+          if (auto other = another_worker(model, worker->url())) {
+            worker = std::move(other);
+            continue;
+          }
+        }
+        break;
+      }
       if (too_big) {
         return send_error(
             res, 502,
@@ -364,67 +386,76 @@ void GatewayServer::install_handlers() {
     const GatewayOptions options = options_;
     const std::string request_body = req.body;
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [worker, in_flight, options, request_body](std::size_t, httplib::DataSink& sink) {
-          auto client = upstream_client(worker->url(), options);
-          int status = 0;
-          bool relay = false;  // the worker streams: its bytes go through as they come
-          bool client_gone = false;
-          std::string whole;
-          httplib::Request up;
-          up.method = "POST";
-          up.path = "/v1/completions";
-          up.body = request_body;
-          up.set_header("Content-Type", "application/json");
-          up.set_header("Accept", "text/event-stream");
-          up.response_handler = [&](const httplib::Response& r) {
-            status = r.status;
-            relay = status == 200 &&
-                    r.get_header_value("Content-Type").starts_with("text/event-stream");
-            return true;
-          };
-          up.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
-            if (relay) {
-              if (!sink.write(data, n)) {
-                client_gone = true;  // a slow or gone client: stop reading the worker
-                return false;
-              }
-              return true;
-            }
-            if (whole.size() + n > options.max_upstream_bytes) return false;
-            whole.append(data, n);
-            return true;
-          };
-          httplib::Response up_res;
-          httplib::Error error = httplib::Error::Success;
-          const bool ok = client->send(up, up_res, error);
-          if (client_gone) return false;
-          std::string tail;
-          if (!ok && !relay) {
-            tail = fmt::format("data: {}\n\ndata: [DONE]\n\n",
-                               error_body(fmt::format("worker {} did not answer: {}", worker->url(),
-                                                      httplib::to_string(error)),
-                                          "upstream_error", "upstream_unavailable"));
-          } else if (!ok) {
-            tail = fmt::format("data: {}\n\n",
-                               error_body(fmt::format("worker {} stopped mid-stream: {}",
-                                                      worker->url(), httplib::to_string(error)),
-                                          "upstream_error", "upstream_interrupted"));
-          } else if (!relay && status != 200) {
-            json err = json::parse(whole, nullptr, false);
-            tail = fmt::format("data: {}\n\ndata: [DONE]\n\n",
-                               err.is_object() && err.contains("error")
-                                   ? err.dump()
-                                   : error_body(fmt::format("the worker answered HTTP {}", status),
-                                                "upstream_error", "upstream_status"));
-          } else if (!relay) {
-            tail = events_from_completion(whole);
-          }
-          if (!tail.empty() && !sink.write(tail.data(), tail.size())) return false;
-          sink.done();
+    res.set_chunked_content_provider("text/event-stream", [this, worker, in_flight, options,
+                                                           request_body,
+                                                           model](std::size_t,
+                                                                  httplib::DataSink& sink) mutable {
+      for (int attempt = 0;; ++attempt) {
+        auto client = upstream_client(worker->url(), options);
+        int status = 0;
+        bool relay = false;  // the worker streams: its bytes go through as they come
+        bool client_gone = false;
+        std::string whole;
+        httplib::Request up;
+        up.method = "POST";
+        up.path = "/v1/completions";
+        up.body = request_body;
+        up.set_header("Content-Type", "application/json");
+        up.set_header("Accept", "text/event-stream");
+        up.response_handler = [&](const httplib::Response& r) {
+          status = r.status;
+          relay =
+              status == 200 && r.get_header_value("Content-Type").starts_with("text/event-stream");
           return true;
-        });
+        };
+        up.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+          if (relay) {
+            if (!sink.write(data, n)) {
+              client_gone = true;  // a slow or gone client: stop reading the worker
+              return false;
+            }
+            return true;
+          }
+          if (whole.size() + n > options.max_upstream_bytes) return false;
+          whole.append(data, n);
+          return true;
+        };
+        httplib::Response up_res;
+        httplib::Error error = httplib::Error::Success;
+        const bool ok = client->send(up, up_res, error);
+        if (!ok && error == httplib::Error::Connection && attempt == 0) {
+          if (auto other = another_worker(model, worker->url())) {
+            worker = std::move(other);
+            continue;
+          }
+        }
+        if (client_gone) return false;
+        std::string tail;
+        if (!ok && !relay) {
+          tail = fmt::format("data: {}\n\ndata: [DONE]\n\n",
+                             error_body(fmt::format("worker {} did not answer: {}", worker->url(),
+                                                    httplib::to_string(error)),
+                                        "upstream_error", "upstream_unavailable"));
+        } else if (!ok) {
+          tail = fmt::format("data: {}\n\n",
+                             error_body(fmt::format("worker {} stopped mid-stream: {}",
+                                                    worker->url(), httplib::to_string(error)),
+                                        "upstream_error", "upstream_interrupted"));
+        } else if (!relay && status != 200) {
+          json err = json::parse(whole, nullptr, false);
+          tail = fmt::format("data: {}\n\ndata: [DONE]\n\n",
+                             err.is_object() && err.contains("error")
+                                 ? err.dump()
+                                 : error_body(fmt::format("the worker answered HTTP {}", status),
+                                              "upstream_error", "upstream_status"));
+        } else if (!relay) {
+          tail = events_from_completion(whole);
+        }
+        if (!tail.empty() && !sink.write(tail.data(), tail.size())) return false;
+        sink.done();
+        return true;
+      }
+    });
   });
 }
 

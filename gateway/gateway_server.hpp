@@ -51,6 +51,9 @@ struct GatewayOptions {
   std::chrono::milliseconds upstream_timeout{300'000};  // a worker's answer (or its next event)
   std::chrono::milliseconds report_interval{1'000};     // load reports to the control plane
   int retry_after_s = 5;                                // Retry-After on 503
+  // A worker that refused a connection is passed over this long (the request itself is
+  // retried once on another worker: nothing reached the refusing one).
+  std::chrono::milliseconds unreachable_pause{2'000};
 };
 
 class GatewayServer {
@@ -71,6 +74,9 @@ class GatewayServer {
   GatewayServer(GatewayOptions options, Router& router, ControlPlane& control);
   void install_handlers();
   void report_loop();
+  // After `refused_url` refused a connection: a lease on another serving worker of `model`,
+  // or null.
+  std::shared_ptr<Lease> another_worker(const std::string& model, const std::string& refused_url);
 
   GatewayOptions options_;
   Router& router_;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace thaw::gateway {
 
@@ -78,16 +79,33 @@ bool Router::cold_starting_locked(const ModelEntry& entry) const {
 std::unique_ptr<Lease> Router::pick_locked(ModelEntry& entry) {
   if (entry.serving.empty()) return nullptr;
   const std::size_t n = entry.serving.size();
-  std::size_t best = entry.next % n;
-  if (options_.balance == Balance::least_outstanding) {
-    // Starting at the round-robin cursor, so equal loads take turns.
-    for (std::size_t i = 1; i < n; ++i) {
-      const std::size_t k = (entry.next + i) % n;
-      if (entry.serving[k]->outstanding.load() < entry.serving[best]->outstanding.load()) best = k;
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  // Workers that refused a connection lately are candidates only when all did.
+  auto avoided = [&](std::size_t k) { return entry.serving[k]->avoid_until.load() > now; };
+  const bool all_avoided = std::all_of(entry.serving.begin(), entry.serving.end(),
+                                       [&](const auto& e) { return e->avoid_until.load() > now; });
+  std::optional<std::size_t> best;
+  // Starting at the round-robin cursor, so equal loads take turns.
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t k = (entry.next + i) % n;
+    if (!all_avoided && avoided(k)) continue;
+    if (!best) {
+      best = k;
+      if (options_.balance == Balance::round_robin) break;
+    } else if (entry.serving[k]->outstanding.load() < entry.serving[*best]->outstanding.load()) {
+      best = k;
     }
   }
-  entry.next = best + 1;
-  return std::make_unique<Lease>(entry.serving[best]);
+  entry.next = *best + 1;
+  return std::make_unique<Lease>(entry.serving[*best]);
+}
+
+void Router::mark_unreachable(const std::string& url, std::chrono::milliseconds for_how_long) {
+  std::lock_guard lock(mutex_);
+  if (auto it = endpoints_.find(url); it != endpoints_.end()) {
+    it->second->avoid_until.store(
+        (std::chrono::steady_clock::now() + for_how_long).time_since_epoch().count());
+  }
 }
 
 std::expected<std::unique_ptr<Lease>, RouteError> Router::acquire(const std::string& model) {

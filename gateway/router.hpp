@@ -54,6 +54,9 @@ struct Endpoint {
   std::string url;
   std::atomic<std::uint64_t> outstanding{0};
   std::atomic<std::uint64_t> served{0};
+  // Until then the worker is passed over (it refused a connection): a dead worker costs one
+  // failed connect, not one per request, until the coordinator's next table drops it.
+  std::atomic<std::chrono::steady_clock::rep> avoid_until{0};
 };
 
 class Lease {
@@ -99,6 +102,9 @@ class Router {
       const std::string& model, std::chrono::steady_clock::time_point deadline);
   // The same with the configured hold deadline from now.
   std::expected<std::unique_ptr<Lease>, RouteError> acquire(const std::string& model);
+
+  // A worker refused a connection: pass it over for `for_how_long` while others serve.
+  void mark_unreachable(const std::string& url, std::chrono::milliseconds for_how_long);
 
   // Fails every held request and every later acquire (shutdown).
   void stop();

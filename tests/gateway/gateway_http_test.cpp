@@ -380,6 +380,23 @@ TEST_F(GatewayHttpTest, AWorkerThatIsGoneIsA502) {
   EXPECT_TRUE(streamed->body.ends_with("data: [DONE]\n\n"));
 }
 
+TEST_F(GatewayHttpTest, ARefusedConnectionIsRetriedOnAnotherWorker) {
+  int dead_port;
+  {
+    FakeWorker gone("x");
+    dead_port = gone.port;
+  }
+  FakeWorker live("live");
+  start({{"m", {{"http://127.0.0.1:" + std::to_string(dead_port)}, {live.url()}}}});
+  for (int i = 0; i < 4; ++i) {
+    auto res = complete({{"model", "m"}, {"prompt", {1}}, {"stream", i % 2 == 1}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+    EXPECT_NE(res->body.find("live"), std::string::npos) << res->body;
+  }
+  EXPECT_EQ(live.requests.load(), 4);
+}
+
 int connect_to(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};

@@ -75,6 +75,26 @@ TEST(Router, RoundRobinIgnoresLoad) {
             (std::vector<std::string>{"http://a:1", "http://b:1", "http://a:1", "http://b:1"}));
 }
 
+TEST(Router, UnreachableWorkerIsPassedOverWhileOthersServe) {
+  Router router(quick(), nullptr);
+  router.replace({{"m", {serving("http://dead:1"), serving("http://live:1")}}});
+  router.mark_unreachable("http://dead:1", 10s);
+  std::vector<std::unique_ptr<Lease>> held;
+  for (int i = 0; i < 4; ++i) {
+    auto l = router.acquire("m");
+    ASSERT_TRUE(l);
+    EXPECT_EQ((*l)->url(), "http://live:1");  // even with the live one busy
+    held.push_back(std::move(*l));
+  }
+  // When every worker refused lately, they are still tried (better than refusing outright).
+  router.mark_unreachable("http://live:1", 10s);
+  EXPECT_TRUE(router.acquire("m"));
+  router.mark_unreachable("http://dead:1", 0ms);  // its pause is over
+  auto busy = router.acquire("m");
+  ASSERT_TRUE(busy);
+  EXPECT_EQ((*busy)->url(), "http://dead:1");
+}
+
 TEST(Router, RouteSwitchSendsOnlyNewRequestsToTheNewWorker) {
   Router router(quick(), nullptr);
   router.replace({{"m", {serving("http://stage0:1")}}});
