@@ -197,7 +197,11 @@ void KvTransfer::add_routes(httplib::Server& server) {
       return reply_error(res, 400, "timeout_ms must be in 0..3600000");
     if (scheduler_->paused())
       return reply_error(res, 409, "the engine is paused: a paused engine never drains");
-    if (!scheduler_->drain(timeout_ms))
+    // In slices, so that a stop request (SIGTERM) is not held up by a long drain.
+    bool drained = false;
+    for (int left = timeout_ms; !drained && left >= 0 && !stop_requested(); left -= 200)
+      drained = scheduler_->drain(std::min(left, 200));
+    if (!drained)
       return reply_error(
           res, 503,
           fmt::format("requests still running after {} ms (or the engine failed)", timeout_ms));
@@ -452,7 +456,11 @@ void KvTransfer::add_routes(httplib::Server& server) {
         return reply_error(res, 404, fmt::format("request {} was not resumed here", *id));
       f = it->second;
     }
-    if (f.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready)
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready &&
+           std::chrono::steady_clock::now() < until && !stop_requested()) {
+    }
+    if (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
       return reply(res, {{"request_id", *id}, {"done", false}}, 202);
     json j = completion_json(*id, f.get());
     j["done"] = true;

@@ -17,7 +17,9 @@ namespace refengine {
 namespace {
 
 httplib::Server* g_server = nullptr;  // for the signal handler only
+std::atomic<bool> g_stop_requested{false};
 void on_signal(int) {
+  g_stop_requested = true;
   if (g_server != nullptr) g_server->stop();
 }
 
@@ -26,6 +28,18 @@ nlohmann::json error_body(const std::string& message, const std::string& type) {
 }
 
 }  // namespace
+
+bool stop_requested() {
+  return g_stop_requested;
+}
+
+std::expected<Completion, std::string> wait_completion(std::future<Completion>& f) {
+  // The server joins its threads before serve() returns: a handler must not wait on a request
+  // the scheduler (paused, or about to stop) may never finish.
+  while (f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready)
+    if (stop_requested()) return std::unexpected("the engine is stopping: retry on another worker");
+  return f.get();
+}
 
 int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& tokenizer,
           const ServeOptions& options) {
@@ -98,7 +112,13 @@ int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& 
     nlohmann::json choices = nlohmann::json::array();
     std::size_t prompt_tokens = 0, completion_tokens = 0;
     for (std::size_t i = 0; i < futures.size(); ++i) {
-      Completion c = futures[i].get();
+      auto waited = wait_completion(futures[i]);
+      if (!waited) {
+        res.status = 503;
+        res.set_content(error_body(waited.error(), "unavailable").dump(), "application/json");
+        return;
+      }
+      Completion c = std::move(*waited);
       if (c.finish_reason == "error")
         return fail(c.error.starts_with("the engine failed")        ? 500
                     : c.error.starts_with("the engine is draining") ? 503

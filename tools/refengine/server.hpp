@@ -6,6 +6,8 @@
 // batched continuously by the scheduler.
 #pragma once
 
+#include <expected>
+#include <future>
 #include <optional>
 #include <string>
 
@@ -20,6 +22,12 @@ struct ServeOptions {
   std::string model_name;
   int step_delay_ms = 0;  // tests of KV migration mid-generation: sleep after every step
 };
+
+// True once SIGINT/SIGTERM asked serve() to stop.
+bool stop_requested();
+// The request's completion, or an error once a stop was requested (so that a paused engine,
+// whose requests wait, still stops).
+std::expected<Completion, std::string> wait_completion(std::future<Completion>& f);
 
 // Serves until SIGINT/SIGTERM. Returns the process exit code.
 int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& tokenizer,

@@ -507,6 +507,23 @@ TEST_F(KvMigration, DrainFinishesOnThePipelineRefusesNewRequestsThenStops) {
   EXPECT_EQ(pp.stages[1]->wait_exit(30000), 0) << pp.logs();
 }
 
+// After a migration stage 0 stays paused until it is stopped; a request that reached it then
+// waits. SIGTERM must still stop it (the HTTP server joins its threads) and answer that caller.
+TEST_F(KvMigration, APausedWorkerStopsOnSigtermAndAnswersItsWaitingCaller) {
+  Serve worker({}, 5);
+  ASSERT_TRUE(worker.ready()) << worker.log();
+  ASSERT_TRUE(post(worker.url(), "/kv/pause", "{}"));
+  auto caller = std::async(std::launch::async, [&] { return complete(worker.url(), {1, 2}, 4); });
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (get_json(worker.url(), "/kv/requests")["requests"].empty())
+    ASSERT_LT(std::chrono::steady_clock::now(), end) << "the request never arrived";
+  worker.terminate();
+  EXPECT_EQ(worker.wait_exit(20000), 0) << worker.log();
+  ASSERT_EQ(caller.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const json j = caller.get();
+  EXPECT_EQ(j.value("status", 0), 503) << j.dump();
+}
+
 TEST_F(KvMigration, HostileKvTransferCallsGetClearErrors) {
   Serve target({}, 5);
   Pipeline pp(2);
