@@ -120,43 +120,15 @@ void TaskRunner::run_locked(Held& held) {
                          "this node has no worker command: set coordinator.worker_command in "
                          "/etc/thaw/thawd.toml");
       }
-      auto key = NodeService::key_for(model);
-      WorkerSpec spec;
-      spec.unit = unit_for(task);
-      spec.gpu = task.gpu();
-      const std::filesystem::path timeline = settings_.timeline_dir / (spec.unit + ".timeline");
-      std::error_code ec;
-      std::filesystem::remove(timeline, ec);  // a previous run's phases are not this one's
-      // A standalone worker is a pipeline of one; the layer range is then the whole model.
-      const bool alone = task.standalone() || task.stages() == 1;
-      const std::uint32_t layer_end =
-          alone ? task.model().layers() : std::max(task.layer_end(), task.layer_begin());
-      spec.argv = expand_worker_command(
-          settings_.command, {{"model", model},
-                              {"key", key ? *key : model},
-                              {"stage", std::to_string(task.stage())},
-                              {"stages", std::to_string(task.stages())},
-                              {"gpu", std::to_string(task.gpu())},
-                              {"plan", task.plan_id()},
-                              {"pp_rank", alone ? "0" : std::to_string(task.stage())},
-                              {"pp_size", alone ? "1" : std::to_string(task.stages())},
-                              {"peers", alone ? "" : join(task.peers())},
-                              {"port", std::to_string(task.http_port())},
-                              {"layer_begin", alone ? "0" : std::to_string(task.layer_begin())},
-                              {"layer_end", std::to_string(layer_end)},
-                              {"timeline", timeline.string()}});
-      spec.env = {"LD_PRELOAD=" + settings_.preload,
-                  "THAW_SOCKET=" + settings_.thawd_socket,
-                  "CUDA_VISIBLE_DEVICES=" + std::to_string(task.gpu()),
-                  "THAW_PLAN=" + task.plan_id(),
-                  "THAW_STAGE=" + std::to_string(task.stage()),
-                  "THAW_STAGES=" + std::to_string(task.stages())};
-      held.launched_ns = monotonic_ns();
-      held.timeline = timeline;
-      if (auto ok = workers_.launch(spec); !ok) {
-        return set_state(held.status, v1::TASK_FAILED, ok.error());
+      for (const auto& [id, other] : tasks_) {
+        const v1::Task& f = other.status.task();
+        if (f.kind() == v1::TASK_FETCH && f.plan_id() == task.plan_id() &&
+            f.stage() == task.stage() && other.status.state() == v1::TASK_RUNNING) {
+          held.waiting_for = id;
+          return;  // launched by refresh once the stage is in
+        }
       }
-      held.unit = spec.unit;
+      launch_locked(held);
       break;
     }
     case v1::TASK_STOP_WORKER: {
@@ -170,6 +142,48 @@ void TaskRunner::run_locked(Held& held) {
       return set_state(held.status, v1::TASK_FAILED, "unknown task kind");
   }
   refresh_locked(held);
+}
+
+void TaskRunner::launch_locked(Held& held) {
+  const v1::Task& task = held.status.task();
+  const std::string& model = task.model().name();
+  auto key = NodeService::key_for(model);
+  WorkerSpec spec;
+  spec.unit = unit_for(task);
+  spec.gpu = task.gpu();
+  const std::filesystem::path timeline = settings_.timeline_dir / (spec.unit + ".timeline");
+  std::error_code ec;
+  std::filesystem::remove(timeline, ec);  // a previous run's phases are not this one's
+  // A standalone worker is a pipeline of one; the layer range is then the whole model.
+  const bool alone = task.standalone() || task.stages() == 1;
+  const std::uint32_t layer_end =
+      alone ? task.model().layers() : std::max(task.layer_end(), task.layer_begin());
+  spec.argv = expand_worker_command(
+      settings_.command, {{"model", model},
+                          {"key", key ? *key : model},
+                          {"stage", std::to_string(task.stage())},
+                          {"stages", std::to_string(task.stages())},
+                          {"gpu", std::to_string(task.gpu())},
+                          {"plan", task.plan_id()},
+                          {"pp_rank", alone ? "0" : std::to_string(task.stage())},
+                          {"pp_size", alone ? "1" : std::to_string(task.stages())},
+                          {"peers", alone ? "" : join(task.peers())},
+                          {"port", std::to_string(task.http_port())},
+                          {"layer_begin", alone ? "0" : std::to_string(task.layer_begin())},
+                          {"layer_end", std::to_string(layer_end)},
+                          {"timeline", timeline.string()}});
+  spec.env = {"LD_PRELOAD=" + settings_.preload,
+              "THAW_SOCKET=" + settings_.thawd_socket,
+              "CUDA_VISIBLE_DEVICES=" + std::to_string(task.gpu()),
+              "THAW_PLAN=" + task.plan_id(),
+              "THAW_STAGE=" + std::to_string(task.stage()),
+              "THAW_STAGES=" + std::to_string(task.stages())};
+  held.launched_ns = monotonic_ns();
+  held.timeline = timeline;
+  if (auto ok = workers_.launch(spec); !ok) {
+    return set_state(held.status, v1::TASK_FAILED, ok.error());
+  }
+  held.unit = spec.unit;
 }
 
 void TaskRunner::refresh_locked(Held& held) {
@@ -206,6 +220,21 @@ void TaskRunner::refresh_locked(Held& held) {
       }
       break;
     case v1::TASK_LAUNCH_WORKER: {
+      if (!held.waiting_for.empty()) {
+        auto fetch = tasks_.find(held.waiting_for);
+        if (fetch != tasks_.end()) refresh_locked(fetch->second);
+        const v1::TaskState st =
+            fetch == tasks_.end() ? v1::TASK_DONE : fetch->second.status.state();
+        if (st == v1::TASK_RUNNING) break;
+        if (st == v1::TASK_FAILED) {
+          set_state(held.status, v1::TASK_FAILED,
+                    fmt::format("its stage's fetch failed: {}", fetch->second.status.error()));
+          break;
+        }
+        held.waiting_for.clear();
+        launch_locked(held);
+        if (held.status.state() != v1::TASK_RUNNING) break;
+      }
       const WorkerStatus w = workers_.status(held.unit);
       if (w.state == WorkerState::exited) set_state(held.status, v1::TASK_DONE);
       if (w.state == WorkerState::failed) {

@@ -9,7 +9,10 @@
 //   evict          every slot of the model on this node
 //   activate       the model's prewarmed slot on the GPU becomes its active one (no copy)
 //   launch-worker  the configured worker command with the preload shim (WorkerLauncher);
-//                  running while it runs, done on exit 0. The command's placeholders wire it
+//                  running while it runs, done on exit 0. A fetch of the same plan stage
+//                  still running here is waited for first: an engine checks that every
+//                  file of its model exists before the shim sees an open (the shim does not
+//                  answer stat), and the fetch creates them. The command's placeholders wire it
 //                  into its pipeline group: {pp_rank} {pp_size} {peers} (host:port,...),
 //                  {port} (where it serves), {layer_begin} {layer_end}, {timeline} (a file
 //                  for the engine's start-up timeline). A worker with a port is polled at
@@ -75,10 +78,12 @@ class TaskRunner {
     std::string unit;               // launch-worker
     std::uint64_t launched_ns = 0;  // launch-worker: when it was started
     std::filesystem::path timeline;
+    std::string waiting_for;  // launch-worker: the fetch task whose stage must be in first
     bool changed = true;
   };
   void refresh_locked(Held& task);
   void run_locked(Held& task);
+  void launch_locked(Held& task);
 
   NodeService& service_;
   WorkerLauncher& workers_;

@@ -1,0 +1,311 @@
+// A two-stage cold start served by real pipeline workers, every piece real: thaw-coordinator
+// (--launch-workers), two thawd agents (each its own bus, emulated GPU, host cache), a loopback
+// nginx registry with a reference-engine model, and on each node its stage of `refengine serve`
+// launched by the agent under the shim, wired by the coordinator ({peers} {pp_rank} {pp_size}
+// {port}), streaming its stage from its node's cache.
+//
+//   the first request on the pipeline answers the same tokens as one worker with the whole
+//   model; the agents report the workers ready (stage 0 is the route) and their start-up
+//   phases; then scale-down: stage 0's node has the whole model, a standalone worker starts
+//   there, the routes switch, the pipeline drains and stops, and the standalone worker
+//   answers the same tokens.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "daemon/store/fetch/manifest_publish.hpp"
+#include "fetch_test_support.hpp"
+#include "nginx_server.hpp"
+#include "temp_dir.hpp"
+#include "thawd_test_support.hpp"
+
+namespace thaw::testing {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr const char* kModel = "gpt2-mini";  // 4 layers × 256, fp16 (thaw-genmodel)
+
+// What every engine process needs on the emulator (the worker inherits thawd's environment).
+std::vector<std::string> engine_env() {
+  const std::string emu_dir = std::filesystem::path(THAW_EMU_LIBCUDA).parent_path().string();
+  return {"REFENGINE_LIBCUDA=" THAW_EMU_LIBCUDA, "LD_LIBRARY_PATH=" + emu_dir,
+          "THAW_EMU_KERNELS=" REFENGINE_TWIN_LIB};
+}
+
+std::vector<std::string> engine_flags() {
+  return {"--max-num-seqs", "4", "--max-model-len", "128", "--num-gpu-blocks-override", "64"};
+}
+
+class Node {
+ public:
+  Node(const std::filesystem::path& dir, std::string id, const std::string& registry,
+       const std::string& coordinator, const std::filesystem::path& coordinator_pub,
+       const std::filesystem::path& key)
+      : dir_(dir), id_(std::move(id)) {
+    std::filesystem::create_directories(dir_);
+    bus_ = std::make_unique<PrivateBus>(dir_);
+    // The worker: `refengine serve` on this node's cached copy, one stage of the pipeline.
+    std::string command = "[\"/usr/bin/env\"";
+    for (const std::string& e : engine_env()) command += ", \"" + e + "\"";
+    command += ", \"" REFENGINE_BIN "\", \"serve\", \"--model\", \"" +
+               (dir_ / "cache" / kModel).string() +
+               "\", \"--host\", \"127.0.0.1\", \"--port\", \"{port}\", \"--pp-rank\", "
+               "\"{pp_rank}\", \"--pp-size\", \"{pp_size}\", \"--pp-peers\", \"{peers}\", "
+               "\"--timeline\", \"{timeline}\"";
+    for (const std::string& f : engine_flags()) command += ", \"" + f + "\"";
+    command += "]";
+    std::ofstream(dir_ / "thawd.toml")
+        << "[node]\nid = \"" << id_ << "\"\nstate_dir = \"" << (dir_ / "state").string()
+        << "\"\n[store]\ncache_dir = \"" << (dir_ / "cache").string()
+        << "\"\ncache_budget = \"256MiB\"\nregistry = \"" << registry
+        << "\"\nconnections = 2\n[gpu]\npool_share = 0.25\n[shim]\nsocket = \""
+        << (dir_ / "thawd.sock").string() << "\"\n[dbus]\nbus = \"" << bus_->address()
+        << "\"\n[coordinator]\nendpoint = \"" << coordinator << "\"\nserver_key = \""
+        << coordinator_pub.string() << "\"\nkey = \""
+        << key.string()
+        // 1 MB/s as the node's link: Alg. 1 needs a pipeline to meet the TTFT SLO.
+        << "\"\nnetwork = \"1MB\"\npcie = \"16GB\"\nworker_host = \"127.0.0.1\"\n"
+        << "worker_preload = \"" THAW_PRELOAD_LIB "\"\nworker_command = " << command << "\n";
+    std::filesystem::remove(dir_ / "notify");
+    NotifySocket notify(dir_ / "notify");
+    pid_ = spawn({THAWD_PATH, "--config", (dir_ / "thawd.toml").string()},
+                 {"NOTIFY_SOCKET=" + (dir_ / "notify").string(), "THAW_LIBCUDA=" THAW_EMU_LIBCUDA,
+                  "THAW_EMU_DEVICE_MEMORY=2G", "THAW_EMU_STATE_DIR=" + (dir_ / "emu").string(),
+                  "no_proxy=127.0.0.1", "NO_PROXY=127.0.0.1"},
+                 dir_ / "thawd.log");
+    EXPECT_FALSE(notify.until("READY=1").empty()) << "thawd " << id_ << ":\n" << log();
+  }
+  ~Node() {
+    if (pid_ > 0) {
+      // SIGTERM: thawd stops its supervised workers before it exits.
+      ::kill(pid_, SIGTERM);
+      wait_exit(pid_);
+    }
+  }
+  std::string log() const { return slurp(dir_ / "thawd.log"); }
+  std::string worker_logs() const {
+    std::string out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_ / "state" / "workers", ec)) {
+      out += "--- " + e.path().filename().string() + "\n" + slurp(e.path());
+    }
+    return out;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::string id_;
+  std::unique_ptr<PrivateBus> bus_;
+  pid_t pid_ = -1;
+};
+
+class PipelineWorkers : public ::testing::Test {
+ protected:
+  PipelineWorkers() {
+    ::chmod(dir_.path().c_str(), 0755);
+    registry_ = std::make_unique<store::testing::RegistryFixture>();
+    model_dir_ = registry_->registry_root() / kModel;
+    auto g = run({THAW_GENMODEL_PATH, "--size", "custom", "--layers", "4", "--embd", "256",
+                  "--heads", "4", "--vocab", "5000", "--dtype", "f16", "--shard-size", "3MB",
+                  "--out", model_dir_.string(), "--quiet"});
+    EXPECT_EQ(g.exit_code, 0) << g.output;
+    EXPECT_TRUE(store::publish_manifest(model_dir_));
+    for (const auto& e : std::filesystem::directory_iterator(model_dir_)) {
+      if (e.is_regular_file()) model_bytes_ += e.file_size();
+    }
+    std::filesystem::create_directories(dir_.path() / "nodes.d");
+    keygen(dir_.path() / "coordinator");
+    node_endpoint_ = "tcp://127.0.0.1:" + std::to_string(store::testing::free_loopback_port());
+    frontend_ = "ipc://" + (dir_.path() / "frontend.sock").string();
+  }
+  ~PipelineWorkers() override {
+    nodes_.clear();
+    if (coordinator_ > 0) {
+      ::kill(coordinator_, SIGKILL);
+      wait_exit(coordinator_);
+    }
+  }
+
+  static void keygen(const std::filesystem::path& prefix) {
+    auto r = run({THAW_COORDINATOR_PATH, "keygen", prefix.string()});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  void start_coordinator() {
+    // Worker ports from a range this run is unlikely to share with another test's, below the
+    // ephemeral range (32768..): a stage connecting to a peer that is not listening yet could
+    // otherwise be given that very port as its source and connect to itself.
+    const int base = 20000 + static_cast<int>(::getpid() % 700) * 16;
+    coordinator_ = spawn(
+        {THAW_COORDINATOR_PATH, "serve", "--nodes", node_endpoint_, "--frontend", frontend_,
+         "--key", (dir_.path() / "coordinator.key").string(), "--allow",
+         (dir_.path() / "nodes.d").string(), "--heartbeat", "250ms", "--liveness", "8",
+         "--launch-workers", "--worker-ports", std::to_string(base), "--worker-port-count", "64"},
+        {}, dir_.path() / "coordinator.log");
+    ASSERT_TRUE(eventually([&] { return state().contains("nodes"); }, 10s)) << coordinator_log();
+  }
+  std::string coordinator_log() const { return slurp(dir_.path() / "coordinator.log"); }
+  void add_node(const std::string& id) {
+    const auto prefix = dir_.path() / ("key-" + id);
+    keygen(prefix);
+    std::filesystem::copy_file(prefix.string() + ".pub", dir_.path() / "nodes.d" / (id + ".pub"));
+    nodes_.push_back(std::make_unique<Node>(dir_.path() / id, id, registry_->server().base_url(),
+                                            node_endpoint_, dir_.path() / "coordinator.pub",
+                                            prefix.string() + ".key"));
+  }
+  ProgramResult cluster(std::vector<std::string> args) const {
+    args.insert(args.begin(),
+                {THAWCTL_PATH, "--json", "cluster", "--coordinator", frontend_, "--timeout", "3"});
+    return run(args);
+  }
+  json state() const {
+    auto r = cluster({"state"});
+    if (r.exit_code != 0) return json::object();
+    return json::parse(r.output, nullptr, false);
+  }
+  json plan(const std::string& id) const {
+    const json s = state();
+    for (const json& p : s.value("plans", json::array())) {
+      if (p.value("id", "") == id) return p;
+    }
+    return json();
+  }
+  std::string diagnostics() const {
+    std::string out = "--- coordinator\n" + coordinator_log() + "\n--- state\n" + state().dump(2);
+    for (const auto& n : nodes_) out += "\n--- node\n" + n->log() + n->worker_logs();
+    return out;
+  }
+
+  // Greedy completion of `prompt` on a serving engine: its token ids.
+  static std::vector<int> complete(const std::string& url, const std::vector<int>& prompt) {
+    httplib::Client c(url);
+    c.set_read_timeout(std::chrono::seconds(60));
+    json body{{"prompt", prompt}, {"max_tokens", 8}, {"ignore_eos", true}, {"temperature", 0}};
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    if (!r || r->status != 200) {
+      ADD_FAILURE() << url << ": " << (r ? r->body : httplib::to_string(r.error()));
+      return {};
+    }
+    return json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int>>();
+  }
+
+  TempDir dir_;
+  std::unique_ptr<store::testing::RegistryFixture> registry_;
+  std::filesystem::path model_dir_;
+  std::uint64_t model_bytes_ = 0;
+  std::string node_endpoint_, frontend_;
+  pid_t coordinator_ = -1;
+  std::vector<std::unique_ptr<Node>> nodes_;
+};
+
+TEST_F(PipelineWorkers, APp2ColdStartAnswersLikeOneWorkerThenConsolidates) {
+  start_coordinator();
+  for (const char* id : {"node-a", "node-b"}) add_node(id);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const json s = state();
+        int alive = 0;
+        for (const json& n : s.value("nodes", json::array())) alive += n.value("alive", false);
+        return alive == 2;
+      },
+      20s))
+      << diagnostics();
+
+  // One worker with the whole model, straight from the registry's copy (no thaw): the answer.
+  const std::vector<int> prompt = {464, 2068, 758, 2183, 1804, 625, 262};
+  std::vector<std::string> ref = {"/usr/bin/env"};
+  for (const std::string& e : engine_env()) ref.push_back(e);
+  ref.insert(ref.end(),
+             {REFENGINE_BIN, "generate", "--model", model_dir_.string(), "--tokens",
+              "464,2068,758,2183,1804,625,262", "--max-tokens", "8", "--ignore-eos", "--json"});
+  for (const std::string& f : engine_flags()) ref.push_back(f);
+  auto single = run(ref);
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  std::vector<int> expected;
+  {
+    std::istringstream lines(single.output);
+    for (std::string line; std::getline(lines, line);) {
+      json j = json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("tokens")) expected = j["tokens"].get<std::vector<int>>();
+    }
+  }
+  ASSERT_EQ(expected.size(), 8u) << single.output;
+
+  // TTFT SLO 0.7 × M/b: one worker fetches M over 1 MB/s, two stages M/2 each.
+  const double slo = 0.7 * static_cast<double>(model_bytes_) / 1e6;
+  auto d = cluster({"deploy", kModel, "--size", std::to_string(model_bytes_), "--layers", "4",
+                    "--ttft", std::to_string(slo)});
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  auto c = cluster({"cold-start", kModel});
+  ASSERT_EQ(c.exit_code, 0) << c.output << coordinator_log();
+  const json p = json::parse(c.output, nullptr, false).value("plan", json());
+  ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
+  const std::string id = p["id"];
+
+  // Stage 0 answers health: the route the gateway gets.
+  std::string url;
+  ASSERT_TRUE(eventually(
+      [&] {
+        const json now = plan(id);
+        if (!now.contains("placement")) return false;
+        const json& s0 = now["placement"][0];
+        if (s0.value("route_state", "") != "WORKER_SERVING") return false;
+        url = s0.value("worker_url", "");
+        return !url.empty();
+      },
+      120s))
+      << diagnostics();
+  // Serving through the pipeline (the tiny model's consolidating fetch may be done already).
+  EXPECT_NE(plan(id).value("phase", ""), "PHASE_COLD_STARTING") << plan(id).dump(2);
+
+  // The first request on the pipeline: the same tokens as one worker.
+  EXPECT_EQ(complete(url, prompt), expected) << diagnostics();
+
+  // The agents measured the start: at least stage 0's (its health answered).
+  {
+    const json s = state();
+    std::uint32_t samples = 0;
+    for (const json& n : s["nodes"])
+      samples += n["report"].value("startup", json()).value("samples", 0u);
+    EXPECT_GE(samples, 1u) << s.dump(2);
+  }
+
+  // Scale-down: stage 0's node fetches the rest (background), a standalone worker starts
+  // there, routes switch, the pipeline drains (the engine's /drain) and its workers stop.
+  std::string standalone;
+  ASSERT_TRUE(eventually(
+      [&] {
+        const json now = plan(id);
+        if (now.value("phase", "") != "PHASE_CONSOLIDATED") return false;
+        standalone = now["placement"][0].value("standalone_url", "");
+        return true;
+      },
+      180s))
+      << diagnostics();
+  const json done = plan(id);
+  EXPECT_TRUE(done.value("consolidated", false));
+  EXPECT_EQ(done["placement"][0].value("standalone_route", ""), "WORKER_SERVING");
+  EXPECT_NE(done["placement"][0].value("route_state", ""), "WORKER_SERVING");
+  EXPECT_EQ(complete(standalone, prompt), expected) << diagnostics();
+  // The hand-over was the engine's drain (the default), and it said it was done.
+  EXPECT_NE(coordinator_log().find("hand-over by drain"), std::string::npos) << coordinator_log();
+  EXPECT_NE(coordinator_log().find("hand-over done"), std::string::npos) << coordinator_log();
+  // The pipeline's workers are gone: its URL no longer answers.
+  httplib::Client gone(url);
+  gone.set_connection_timeout(std::chrono::milliseconds(300));
+  EXPECT_FALSE(gone.Get("/health")) << "the pipeline's stage 0 still answers";
+}
+
+}  // namespace
+}  // namespace thaw::testing
