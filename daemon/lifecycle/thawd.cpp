@@ -154,6 +154,13 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   // WATCHDOG=1 at half of $WATCHDOG_USEC, when systemd set it.
   (void)sd_event_set_watchdog(d->event_, 1);
 
+  // Before any fetch: the store marks its sockets only when the classifier reads them. An
+  // error only for shaping = true on a node that cannot shape (the message says what to fix).
+  notifier.status("setting up traffic shaping");
+  auto shaping = NodeShaping::start(c.network, SystemNetworkProbe{}, make_bpf_shaper());
+  if (!shaping) return std::unexpected(shaping.error());
+  d->shaping_ = std::move(*shaping);
+
   d->access_ = std::make_unique<AccessPolicy>(c.allow_groups);
   for (const std::string& g : d->access_->unknown_groups()) {
     log(LogLevel::warning, fmt::format("shim.allow_groups: no group \"{}\" on this node; only "
@@ -162,9 +169,7 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   }
   std::vector<vmm::GpuMemory*> gpus;
   for (auto& g : d->gpus_) gpus.push_back(g.get());
-  d->service_ = std::make_unique<NodeService>(
-      *d->cache_, std::move(gpus),
-      NodeServiceConfig{c.registry, c.connections, c.max_rate_bytes_per_s, c.allow_unverified});
+  d->service_ = std::make_unique<NodeService>(*d->cache_, std::move(gpus), d->service_config());
 
   const ManagerInfo info = d->manager_info();
   notifier.status("listening on the shim socket " + c.socket_path.string());
@@ -186,7 +191,7 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   if (!c.metrics_listen.empty()) {
     auto metrics = MetricsServer::start(c.metrics_listen, [t = d.get()] {
       return render_openmetrics(*t->service_, t->shim_->counters(), t->cache_->bytes_used(),
-                                t->config_.cache_budget_bytes);
+                                t->config_.cache_budget_bytes, t->shaping_->status());
     });
     if (!metrics) return std::unexpected(metrics.error());
     d->metrics_ = std::move(*metrics);
@@ -242,7 +247,13 @@ Thawd::~Thawd() {
         fmt::format("stopped: gave {} GPU page(s) ({}) of {} GPU(s) back to the driver", pages,
                     text::format_bytes(static_cast<double>(page_bytes)), gpu_count));
   }
+  shaping_.reset();  // thawd's filter and qdiscs off the uplink
   if (event_ != nullptr) sd_event_unref(event_);
+}
+
+NodeServiceConfig Thawd::service_config() const {
+  return NodeServiceConfig{config_.registry, config_.connections, config_.max_rate_bytes_per_s,
+                           config_.allow_unverified, shaping_ != nullptr && shaping_->enabled()};
 }
 
 std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) {
@@ -269,6 +280,20 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
   agent.coordinator_public_z85 = *server_key;
   agent.network_bytes_per_s = c.network_bytes_per_s;
   agent.pcie_bytes_per_s = c.pcie_bytes_per_s;
+  agent.on_class_rates = [shaping = shaping_.get()](const v1::ClassRates& r) {
+    CoordinatorRates rates;
+    rates.link_bytes_per_s = static_cast<std::uint64_t>(r.link_bytes_per_s());
+    rates.cold_starts = r.cold_starts();
+    rates.per_cold_start_bytes_per_s = static_cast<std::uint64_t>(r.per_cold_start_bytes_per_s());
+    // The codec checked: no classes, or exactly one per class.
+    for (int i = 0; i < r.classes_size() && i < static_cast<int>(kNetClassCount); ++i) {
+      rates.classes[i] = {static_cast<std::uint64_t>(r.classes(i).rate_bytes_per_s()),
+                          static_cast<std::uint64_t>(r.classes(i).ceil_bytes_per_s())};
+    }
+    if (auto ok = shaping->apply_coordinator_rates(rates); !ok) {
+      log(LogLevel::warning, ok.error() + "; keeping the rates in force");
+    }
+  };
   agent.worker_host = c.worker_host;
   auto started = ClusterAgent::start(std::move(agent), *service_, *tasks_, *workers_);
   if (!started) return std::unexpected("coordinator: " + started.error());
@@ -296,6 +321,7 @@ ManagerInfo Thawd::manager_info() {
   m.state = [this] { return state_; };
   m.cache_bytes_used = [this] { return cache_->bytes_used(); };
   m.cache_budget_bytes = config_.cache_budget_bytes;
+  m.network = [this] { return shaping_ ? shaping_->status() : NetStatus{}; };
   return m;
 }
 
@@ -360,8 +386,7 @@ void Thawd::reload() {
   bus_->set_access(*access);
   shim_->set_access(*access);
   access_ = std::move(access);
-  service_->set_config(NodeServiceConfig{config_.registry, config_.connections,
-                                         config_.max_rate_bytes_per_s, config_.allow_unverified});
+  service_->set_config(service_config());
   log(LogLevel::notice, "reloaded " + config_path_.string());
   notifier_.ready(status_line());
 }

@@ -26,6 +26,7 @@
 #include "daemon/agent/worker_launcher.hpp"
 #include "daemon/api/node_bus.hpp"
 #include "daemon/config/thawd_config.hpp"
+#include "daemon/lifecycle/node_shaping.hpp"
 #include "daemon/lifecycle/service_notifier.hpp"
 #include "daemon/metrics/metrics_server.hpp"
 #include "daemon/service/access_policy.hpp"
@@ -56,6 +57,7 @@ class Thawd {
   Thawd(std::filesystem::path config_path, ConfigFile need, ServiceNotifier& notifier,
         ThawdConfig config);
   std::string status_line() const;
+  NodeServiceConfig service_config() const;
   ManagerInfo manager_info();
   std::expected<void, std::string> start_agent(const std::string& node_id);
   void reload();
@@ -70,6 +72,8 @@ class Thawd {
   std::shared_ptr<const cuda::Driver> driver_;
   std::vector<std::unique_ptr<vmm::GpuMemory>> gpus_;
   std::unique_ptr<AccessPolicy> access_;
+  // Traffic shaping of the uplink ([network]); stopped last, after the fetches.
+  std::unique_ptr<NodeShaping> shaping_;
   std::unique_ptr<NodeService> service_;  // uses cache_ and gpus_
   std::unique_ptr<ArtifactStore> artifacts_;
   // The cluster agent (coordinator.endpoint set): stopped before service_ goes.

@@ -181,6 +181,24 @@ TEST_F(ThawdFixture, BusctlFetchPrewarmActivateEvictUnderTheShippedPolicy) {
             std::string::npos)
       << metrics.output;
   EXPECT_TRUE(metrics.output.ends_with("# EOF\n"));
+  // The fixture turns shaping off ([network] shaping = false): said on the bus and in metrics.
+  EXPECT_NE(metrics.output.find("thaw_net_shaping_enabled 0\n"), std::string::npos);
+  EXPECT_NE(metrics.output.find(
+                "thaw_net_class_bytes_total{class=\"critical_fetch\",direction=\"ingress\"} 0\n"),
+            std::string::npos);
+  auto net = thawctl({"--json", "net"});
+  ASSERT_EQ(net.exit_code, 0) << net.output;
+  const auto shaping = nlohmann::json::parse(net.output);
+  EXPECT_EQ(shaping["enabled"], false);
+  EXPECT_EQ(shaping["detail"], "traffic shaping off: network.shaping = false");
+  EXPECT_EQ(shaping["rates_from"], "config");
+  ASSERT_EQ(shaping["classes"].size(), 4u);
+  EXPECT_EQ(shaping["classes"][1]["class"], "critical_fetch");
+  EXPECT_EQ(shaping["classes"][1]["ingress"]["bytes"], 0);
+  auto table = thawctl({"net"});
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("shaping:  off"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("background_fetch"), std::string::npos) << table.output;
 
   EXPECT_EQ(stop_thawd(), 0) << log();
 }

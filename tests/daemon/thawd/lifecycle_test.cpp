@@ -62,6 +62,10 @@ class ThawdLifecycle : public ::testing::Test {
       std::ofstream(dir_.path() / "thawd.toml", std::ios::app)
           << "[shim]\nsocket = \"" << (dir_.path() / "thawd.sock").string() << "\"\n";
     }
+    // Never the test machine's real uplink: a root thawd on a node with a NIC would shape it.
+    if (extra.find("[network]") == std::string::npos) {
+      std::ofstream(dir_.path() / "thawd.toml", std::ios::app) << "[network]\nshaping = false\n";
+    }
   }
   std::vector<std::string> env() const {
     return {"NOTIFY_SOCKET=" + (dir_.path() / "notify").string(), "THAW_LIBCUDA=" THAW_EMU_LIBCUDA,
@@ -320,6 +324,44 @@ TEST_F(ThawdLifecycle, SigtermRightAfterReadyWithMetricsStopsEveryTime) {
     }
     EXPECT_NE(log.find("kept 0 model(s)"), std::string::npos) << log;
   }
+}
+
+// [network] shaping = "auto" on loopback, whose link rate no driver reports: thawd runs
+// without shaping, says why exactly once, and GetNetwork tells the same; shaping = true on a
+// device that does not exist stops the start with what to fix.
+TEST_F(ThawdLifecycle, ShapingThatCannotRunIsOffSaidOnceOrFailsTheStartWhenRequired) {
+  write_config("[network]\nuplink = \"lo\"\n");
+  NotifySocket notify(dir_.path() / "notify");
+  const pid_t pid = spawn({THAWD_PATH, "--config", (dir_.path() / "thawd.toml").string()}, env(),
+                          dir_.path() / "stderr");
+  ASSERT_FALSE(notify.until("READY=1").empty()) << slurp(dir_.path() / "stderr");
+  int rc = 0;
+  const std::string reply = busctl(
+      bus_.address(),
+      {"call", "org.thaw.Node1", "/org/thaw/Node1", "org.thaw.Node1.Manager", "GetNetwork"}, &rc);
+  EXPECT_EQ(rc, 0) << reply;
+  EXPECT_TRUE(
+      reply.starts_with("bsstsuta(stttttttt) false \"traffic shaping off: the link rate "
+                        "of lo is unknown"))
+      << reply;
+  EXPECT_NE(reply.find("\"lo\" 0 \"config\" 0 0 4 \"inference\""), std::string::npos) << reply;
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  EXPECT_EQ(wait_exit(pid), 0);
+  const std::string log = slurp(dir_.path() / "stderr");
+  const auto first = log.find("traffic shaping off");
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find("traffic shaping off", first + 1), std::string::npos) << "said twice:\n"
+                                                                           << log;
+  EXPECT_NE(log.find("set network.link_rate"), std::string::npos) << log;
+
+  write_config("[network]\nshaping = true\nuplink = \"thaw-nosuch0\"\n");
+  const pid_t failing = spawn({THAWD_PATH, "--config", (dir_.path() / "thawd.toml").string()},
+                              env(), dir_.path() / "stderr.required");
+  EXPECT_EQ(wait_exit(failing), 1);
+  const std::string why = slurp(dir_.path() / "stderr.required");
+  EXPECT_NE(why.find("network.uplink: no device 'thaw-nosuch0' on this node; `ip -br link` lists"),
+            std::string::npos)
+      << why;
 }
 
 }  // namespace

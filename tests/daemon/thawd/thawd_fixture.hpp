@@ -65,7 +65,10 @@ class ThawdFixture : public ::testing::Test {
         << socket_path().string() << "\"\n"
         << (allow_groups_.empty() ? "" : "allow_groups = " + allow_groups_ + "\n")
         << "[dbus]\nbus = \"" << bus_->address()
-        << "\"\n[metrics]\nlisten = \"127.0.0.1:" << metrics_port_ << "\"\n";
+        << "\"\n[metrics]\nlisten = \"127.0.0.1:" << metrics_port_
+        << "\"\n"
+        // Never the test machine's real uplink: a root thawd with a NIC would shape it.
+        << "[network]\nshaping = false\n";
   }
 
   int stop_thawd() {

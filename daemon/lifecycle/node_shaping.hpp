@@ -1,0 +1,85 @@
+// NodeShaping: thawd's side of the uplink's traffic shaping. It resolves [network] against
+// the machine, starts the shaper (daemon/network/traffic_shaper.hpp) when it can, and
+// otherwise runs without it, having said why once in the log; it applies the per-class rates
+// the coordinator sends (ClassRates, cluster.proto) and answers what D-Bus, the metrics and
+// `thawctl net` show. Safe from any thread (the bus and the event loop, the metrics thread,
+// the cluster agent's thread).
+//
+// The shaper is behind ShaperBackend so this logic runs in tests without CAP_BPF.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "daemon/network/network_config.hpp"
+#include "daemon/network/traffic_shaper.hpp"
+
+namespace thaw::daemon {
+
+class ShaperBackend {
+ public:
+  virtual ~ShaperBackend() = default;
+  // The detail line of what was attached.
+  virtual std::expected<std::string, network::ShapingError> start(
+      const network::ShapingSettings& settings) = 0;
+  virtual std::expected<void, network::ShapingError> set_class_rates(
+      const std::array<network::ClassRate, network::kTrafficClassCount>& classes) = 0;
+  virtual std::expected<network::ShapingCounters, network::ShapingError> counters() const = 0;
+  virtual void stop() = 0;
+};
+
+// network::TrafficShaper (BPF classifier, HTB on the uplink and its IFB).
+std::unique_ptr<ShaperBackend> make_bpf_shaper();
+
+// Rates the coordinator computed for this node (HydraServe Eq. 3/4: its link shared equally
+// by the cold starts placed here). `link_bytes_per_s` is the B it computed with: rates are
+// scaled to this node's own link rate when that differs. Every class rate 0 (the coordinator
+// has no cold start here): back to the configured rates.
+struct CoordinatorRates {
+  std::uint64_t link_bytes_per_s = 0;
+  std::uint32_t cold_starts = 0;
+  std::uint64_t per_cold_start_bytes_per_s = 0;
+  std::array<ClassRates, kNetClassCount> classes{};
+};
+
+class NodeShaping {
+ public:
+  // An error only where [network] shaping = true and the machine or the settings make it
+  // impossible for a reason the operator must fix; missing capabilities and (in "auto")
+  // anything else turn shaping off, logged once.
+  static std::expected<std::unique_ptr<NodeShaping>, std::string> start(
+      const NetworkSettings& settings, const NetworkProbe& probe,
+      std::unique_ptr<ShaperBackend> backend);
+  ~NodeShaping();  // stops the shaper: thawd's qdiscs and filter leave with it
+  NodeShaping(const NodeShaping&) = delete;
+  NodeShaping& operator=(const NodeShaping&) = delete;
+
+  bool enabled() const;
+  NetStatus status() const;
+  // Applies the coordinator's rates (checked against this node's link first). Without
+  // shaping they are recorded for status() and the call succeeds: the coordinator cannot
+  // know, and there is nothing to fix on its side.
+  std::expected<void, std::string> apply_coordinator_rates(const CoordinatorRates& rates);
+
+  // The rates a CoordinatorRates means on a link of `link` bytes/s: scaled from the
+  // coordinator's B, each class at least 1 byte/s (HTB refuses 0) and its ceiling at most
+  // the link; an error when they cannot fit (the guaranteed sum above the link).
+  static std::expected<std::array<ClassRates, kNetClassCount>, std::string> fit_to_link(
+      const CoordinatorRates& rates, std::uint64_t link);
+
+ private:
+  NodeShaping() = default;
+
+  mutable std::mutex mutex_;
+  std::unique_ptr<ShaperBackend> backend_;  // null when shaping is off
+  ResolvedNetwork resolved_;
+  std::array<ClassRates, kNetClassCount> configured_{};
+  NetStatus status_;  // all but the counters
+};
+
+}  // namespace thaw::daemon
