@@ -154,23 +154,39 @@ std::size_t captured_nodes(const Elision& e) {
   return graph_nodes(capture_graph(e.stream, e.per_thread)).size();
 }
 
-// Whether the driver captured a node on the elided stream meanwhile, with one query (at every
-// elided launch): the stream began with no dependencies, so any means a node. A node of another
-// stream can join the capture only through an event of this one (hooked: it stops the
-// elision) — and the end counts every node of the graph.
-bool captured_on_stream(const Elision& e) {
+// Why the elision must stop before the current call, checked with one query (at every elided
+// call): the driver captured a node on the stream meanwhile (the stream began with no
+// dependencies, so any means a node; a node of another stream can join the capture only
+// through an event of this one, which is hooked, and the end counts every node of the graph),
+// or the capture is no longer active (invalidated: the calls kept are replayed and answer as
+// they would live). {reason, line}, or nullopt.
+std::optional<std::pair<std::string, std::string>> disturbed(const Elision& e) {
   using V3 = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
                           const CUgraphNode**, const CUgraphEdgeData**, size_t*);
   static const auto v3 = driver_fn<V3>("cuStreamGetCaptureInfo_v3");
   static const auto v3_ptsz = driver_fn<V3>("cuStreamGetCaptureInfo_v3_ptsz");
   const V3 fn = e.per_thread ? v3_ptsz : v3;
-  if (fn == nullptr) return captured_nodes(e) != 0;
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   size_t deps = 0;
-  if (fn(e.stream, &status, nullptr, nullptr, nullptr, nullptr, &deps) != CUDA_SUCCESS) {
-    return captured_nodes(e) != 0;
+  const CUresult r = fn != nullptr
+                         ? fn(e.stream, &status, nullptr, nullptr, nullptr, nullptr, &deps)
+                         : CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_ERROR_NOT_SUPPORTED) {  // no v3: count the graph's nodes
+    const std::size_t n = captured_nodes(e);
+    if (n == 0) return std::nullopt;
+    return std::pair{std::string("captured outside the shim"),
+                     fmt::format("the driver captured {} node(s) the shim does not elide", n)};
   }
-  return deps != 0;
+  if (r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    return std::pair{std::string("capture invalidated"),
+                     fmt::format("the driver's capture is no longer active (CUresult {}, status "
+                                 "{})",
+                                 static_cast<int>(r), static_cast<int>(status))};
+  }
+  if (deps == 0) return std::nullopt;
+  return std::pair{
+      std::string("captured outside the shim"),
+      fmt::format("the driver captured {} node(s) the shim does not elide", captured_nodes(e))};
 }
 
 std::vector<void*> param_pointers(KeptLaunch& k) {
@@ -336,11 +352,8 @@ std::string differs(const graphs::KernelNode& n, CUfunction f, const KeptLaunch&
 std::vector<Elision>::iterator elided(State& s, CUstream stream, std::optional<CUresult>& forward) {
   auto it = find(s, stream);
   if (it == s.active.end()) return it;
-  if (captured_on_stream(*it)) {
-    const std::size_t n = captured_nodes(*it);
-    const CUresult r =
-        fall_back(s, it, "captured outside the shim",
-                  fmt::format("the driver captured {} node(s) the shim does not elide", n));
+  if (auto why = disturbed(*it)) {
+    const CUresult r = fall_back(s, it, why->first, why->second);
     if (r != CUDA_SUCCESS) forward = r;
     return s.active.end();
   }
@@ -529,6 +542,10 @@ std::optional<TransparentEnd> transparent_capture_ending(CUstream stream) {
   auto it = find(s, stream);
   if (it == s.active.end()) return std::nullopt;
   Elision& e = *it;
+  if (auto why = disturbed(e)) {
+    (void)fall_back(s, it, why->first, why->second);
+    return std::nullopt;
+  }
   if (std::size_t n = captured_nodes(e); n != 0) {
     (void)fall_back(s, it, "captured outside the shim",
                     fmt::format("the driver captured {} node(s) the shim does not elide", n));
@@ -578,6 +595,13 @@ CUresult transparent_capture_ended(CUresult r, CUgraph driver_graph, const Trans
     g_handed.fetch_sub(1, std::memory_order_relaxed);
   }
   if (destroy != nullptr) (void)destroy(end.graph);
+  // Counted as restored at the end's check: a fallback after all (nothing to replay: the
+  // capture is over, as a live one would be).
+  --s.transparent;
+  counters().graphs_restored.fetch_sub(1, std::memory_order_relaxed);
+  count_fallback(s, "capture failed");
+  debug("graph restore: recorded graph's capture failed at its end (CUresult {}): not restored",
+        static_cast<int>(r));
   return r;
 }
 

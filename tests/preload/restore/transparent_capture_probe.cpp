@@ -11,13 +11,15 @@
 //   ops_value  the same with the memset's value 2.0f (differs from an "ops" record);
 //   event   a cuEventRecord on the capturing stream (a call the elision does not model);
 //   scale   axpb's scale is 3, not 2 (a kernel parameter that differs from the record);
+//   invalidate  a cuMemAlloc during the (GLOBAL) capture, which invalidates it: prints the codes
+//           every call answers after it ({"codes": [...]}) instead of a graph;
 //   query   cuStreamGetCaptureInfo asking for the capture's graph (what the elision left out).
 // At the end of the capture it prints the graph as the driver describes it (graph_parity.hpp),
 // then instantiates it (destroying the graph right after, as PyTorch does), launches it and
 // prints a checksum of a and c: {"graph": ..., "sum_a": x, "sum_c": y}.
 //
-// usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query transparent_capture_probe
-// MODEL_FILE
+// usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query|invalidate
+// transparent_capture_probe MODEL_FILE
 #include <cuda.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -50,7 +52,7 @@ int main(int argc, char** argv) {
   const char* mode_env = std::getenv("PROBE_MODE");
   if (argc != 2 || mode_env == nullptr) {
     std::fprintf(stderr,
-                 "usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query "
+                 "usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query|invalidate "
                  "transparent_capture_probe MODEL_FILE\n");
     return 2;
   }
@@ -126,6 +128,21 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "the capture's graph holds %zu nodes after one launch\n", nodes);
       return 3;
     }
+  }
+  if (mode == "invalidate") {
+    // cuMemAlloc during a GLOBAL capture: refused, and the capture invalidated; what every call
+    // after it answers, as codes.
+    CUdeviceptr extra = 0;
+    nlohmann::json codes = nlohmann::json::array();
+    codes.push_back(static_cast<int>(cuMemAlloc(&extra, 4096)));
+    codes.push_back(static_cast<int>(
+        cuLaunchKernel(axpb, (n + 127) / 128, 1, 1, 128, 1, 1, 0, s, axpb_args, nullptr)));
+    codes.push_back(static_cast<int>(
+        cuLaunchKernel(add_into, (n + 127) / 128, 1, 1, 128, 1, 1, 0, s, add_args, nullptr)));
+    codes.push_back(static_cast<int>(cuStreamEndCapture(s, &graph)));
+    codes.push_back(graph == nullptr ? 0 : 1);
+    std::printf("%s\n", nlohmann::json{{"codes", codes}}.dump().c_str());
+    return 0;
   }
   launch(axpb, "axpb", s, axpb_args, n);
   launch(add_into, "add_into", s, add_args, n);

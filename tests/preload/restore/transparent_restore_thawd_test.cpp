@@ -331,6 +331,22 @@ TEST_F(TransparentProbeWithThawd, FallbacksGiveTheLiveGraph) {
         << p.shim_log;
     EXPECT_NE(p.shim_log.find(c.line), std::string::npos) << p.shim_log;
   }
+  // A capture the driver invalidates (cuMemAlloc during a GLOBAL capture): every later call
+  // answers as it does live, and the end fails as it does live.
+  {
+    const Probe live =
+        probe("live_invalidate", "invalidate", true, "THAW_PRELOAD_TRANSPARENT_GRAPHS=0");
+    ASSERT_EQ(live.engine.exit_code, 0) << live.engine.err;
+    std::ofstream(record, std::ios::trunc) << plain_record;
+    const Probe p = probe("invalidate", "invalidate");
+    ASSERT_EQ(p.engine.exit_code, 0) << p.engine.err << p.shim_log;
+    EXPECT_EQ(p.out["codes"], live.out["codes"]) << p.shim_log;
+    EXPECT_NE(live.out["codes"][3], 0) << "the end of an invalidated capture fails";
+    EXPECT_EQ(p.summary(),
+              "thaw: graph restore summary: captures=1 transparent=0 fallbacks=1 "
+              "(capture invalidated: 1)")
+        << p.shim_log;
+  }
   const Probe plain_live = probe("plain_live", "plain", true, "THAW_PRELOAD_TRANSPARENT_GRAPHS=0");
   std::ofstream(record, std::ios::trunc) << plain_record;
   const Probe again = probe("again", "plain");
