@@ -4,7 +4,7 @@ PRESET ?= default
 CMAKE  ?= cmake
 CTEST  ?= ctest
 
-.PHONY: all deps build demo gpu-kit deb test test-default test-asan test-fuzz test-packaging format clean
+.PHONY: all deps build demo demo-cluster gpu-kit deb test test-default test-asan test-fuzz test-packaging format clean
 
 all: build
 
@@ -22,6 +22,15 @@ build: deps
 DEMO_ARGS ?=
 demo: build
 	@tools/demo/run-demo.sh --build build/$(PRESET) $(DEMO_ARGS)
+
+# The cluster in a box (tools/demo-cluster/run-demo-cluster.sh; root: network namespaces, tc):
+# 4 thawd nodes on emulated GPUs behind 1 Gbit/s shaped links, nginx registry, coordinator and
+# gateway; a slice of an Azure LLM trace replayed on 3 models with thaw, then on the baseline
+# (whole download, then start). Writes build/$(PRESET)/demo-cluster/summary.md, summary.json and
+# timeline.svg. DEMO_CLUSTER_ARGS: e.g. --quick, --nodes 2, --rate 250mbit, --count 48.
+DEMO_CLUSTER_ARGS ?=
+demo-cluster: build
+	@tools/demo-cluster/run-demo-cluster.sh --build build/$(PRESET) $(DEMO_CLUSTER_ARGS)
 
 # The real-GPU kit (issue 21): a release build of thaw, the emulator and the checks, in
 # build/gpu-kit/ (<= 48 MiB). Run it anywhere with build/gpu-kit/run --out DIR [--quick];

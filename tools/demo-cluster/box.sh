@@ -17,7 +17,6 @@
 BOX_PREFIX=thawcb
 BOX=$BOX_PREFIX$$
 # (tools/demo/lib.sh makes WORK, /tmp/BOX.XXXXXX: the reap step finds it by that name.)
-# shellcheck disable=SC2034  # BOX_N and the like are read by the scripts that source this
 # shellcheck source=tools/demo/lib.sh
 THAW_WORK_PREFIX=$BOX TMPDIR=/tmp source "$(dirname "${BASH_SOURCE[0]}")/../demo/lib.sh"
 # shellcheck source=tools/demo-cluster/netns.sh
@@ -34,6 +33,16 @@ BOX_NODES_PORT=5570
 BOX_GATEWAY_PORT=8000
 node_addr() { printf '%s.%d\n' "$BOX_SUBNET" $((10 + $1)); }
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+# rate_bps 1gbit -> 1000000000 (tc's units: kbit/mbit/gbit are powers of 1000).
+rate_bps() {
+  awk -v r="$1" 'BEGIN {
+    if (!match(r, /^[0-9.]+/)) exit 1
+    v = substr(r, 1, RLENGTH); u = substr(r, RLENGTH + 1)
+    m = (u == "bit") ? 1 : (u == "kbit") ? 1e3 : (u == "mbit") ? 1e6 : (u == "gbit") ? 1e9 : -1
+    if (m < 0) exit 1
+    printf "%.0f\n", v * m }' || die "rate $1: want a tc rate such as 1gbit or 250mbit"
+}
 
 # box_check_host: root, iproute2, tc, nginx, dbus-daemon, the bridge and veth drivers. Exits
 # 77 (ctest's skip) with the reason when the machine cannot hold a box.
@@ -124,7 +133,6 @@ box_network() {
   make_netns "$BOX-ctl"
   defer "kill_netns_pids '$BOX-ctl'"
   plug_ns "$BOX-sw" pctl "$BOX-ctl" eth0 "$BOX_CTL_ADDR"
-  BOX_N=$n  # (read by the scripts that source this)
   for ((i = 0; i < n; i++)); do
     make_netns "$BOX-n$i"
     defer "kill_netns_pids '$BOX-n$i'"

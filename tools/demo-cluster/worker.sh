@@ -8,7 +8,7 @@
 # until thawd holds the whole model, then start the engine without the shim (download, then
 # start). Any other model is thaw's path: the engine starts at once under the shim and reads
 # its stage's bytes while thawd streams them. Both append their own phase marks to
-# TIMELINE.box (launch, fetched) so the report can draw the wait; the engine writes TIMELINE.
+# TIMELINE.box (launch, fetched, exec; wall clock) so the report can draw the wait; the engine writes TIMELINE.
 # Environment (from the node's thawd): BOX_NODE_CACHE, BOX_NODE_BUS, BOX_THAWCTL,
 # BOX_REFENGINE, BOX_ENGINE_ARGS (extra engine flags, space-separated).
 set -euo pipefail
@@ -26,6 +26,9 @@ if [[ $model == *-baseline ]]; then
   mark fetched
   unset LD_PRELOAD THAW_SOCKET
 fi
+# The engine's timeline is on CLOCK_MONOTONIC: this mark, just before exec, ties its
+# process_start to the wall clock the client's records use.
+mark exec
 # shellcheck disable=SC2086  # BOX_ENGINE_ARGS is a list of flags
 exec "$BOX_REFENGINE" serve --model "$BOX_NODE_CACHE/$model" --host 0.0.0.0 --port "$port" \
   --pp-rank "$rank" --pp-size "$size" --pp-peers "$peers" --timeline "$timeline" \
