@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/store/fetch/manifest_publish.hpp"
@@ -52,7 +53,7 @@ class Node {
  public:
   Node(const std::filesystem::path& dir, std::string id, const std::string& registry,
        const std::string& coordinator, const std::filesystem::path& coordinator_pub,
-       const std::filesystem::path& key)
+       const std::filesystem::path& key, const std::vector<std::string>& extra_flags)
       : dir_(dir), id_(std::move(id)) {
     std::filesystem::create_directories(dir_);
     bus_ = std::make_unique<PrivateBus>(dir_);
@@ -65,6 +66,7 @@ class Node {
                "\"{pp_rank}\", \"--pp-size\", \"{pp_size}\", \"--pp-peers\", \"{peers}\", "
                "\"--timeline\", \"{timeline}\"";
     for (const std::string& f : engine_flags()) command += ", \"" + f + "\"";
+    for (const std::string& f : extra_flags) command += ", \"" + f + "\"";
     command += "]";
     std::ofstream(dir_ / "thawd.toml")
         << "[node]\nid = \"" << id_ << "\"\nstate_dir = \"" << (dir_ / "state").string()
@@ -156,13 +158,13 @@ class PipelineWorkers : public ::testing::Test {
     ASSERT_TRUE(eventually([&] { return state().contains("nodes"); }, 10s)) << coordinator_log();
   }
   std::string coordinator_log() const { return slurp(dir_.path() / "coordinator.log"); }
-  void add_node(const std::string& id) {
+  void add_node(const std::string& id, const std::vector<std::string>& extra_flags = {}) {
     const auto prefix = dir_.path() / ("key-" + id);
     keygen(prefix);
     std::filesystem::copy_file(prefix.string() + ".pub", dir_.path() / "nodes.d" / (id + ".pub"));
     nodes_.push_back(std::make_unique<Node>(dir_.path() / id, id, registry_->server().base_url(),
                                             node_endpoint_, dir_.path() / "coordinator.pub",
-                                            prefix.string() + ".key"));
+                                            prefix.string() + ".key", extra_flags));
   }
   ProgramResult cluster(std::vector<std::string> args) const {
     args.insert(args.begin(),
@@ -188,16 +190,75 @@ class PipelineWorkers : public ::testing::Test {
   }
 
   // Greedy completion of `prompt` on a serving engine: its token ids.
-  static std::vector<int> complete(const std::string& url, const std::vector<int>& prompt) {
+  static std::vector<int> complete(const std::string& url, const std::vector<int>& prompt,
+                                   int max_tokens = 8) {
     httplib::Client c(url);
     c.set_read_timeout(std::chrono::seconds(60));
-    json body{{"prompt", prompt}, {"max_tokens", 8}, {"ignore_eos", true}, {"temperature", 0}};
+    json body{
+        {"prompt", prompt}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"temperature", 0}};
     auto r = c.Post("/v1/completions", body.dump(), "application/json");
     if (!r || r->status != 200) {
       ADD_FAILURE() << url << ": " << (r ? r->body : httplib::to_string(r.error()));
       return {};
     }
     return json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int>>();
+  }
+
+  // One worker with the whole model, straight from the registry's copy (no thaw): the answer.
+  std::vector<int> single_worker(const std::string& tokens, int max_tokens) {
+    std::vector<std::string> ref = {"/usr/bin/env"};
+    for (const std::string& e : engine_env()) ref.push_back(e);
+    ref.insert(ref.end(),
+               {REFENGINE_BIN, "generate", "--model", model_dir_.string(), "--tokens", tokens,
+                "--max-tokens", std::to_string(max_tokens), "--ignore-eos", "--json"});
+    for (const std::string& f : engine_flags()) ref.push_back(f);
+    auto single = run(ref);
+    EXPECT_EQ(single.exit_code, 0) << single.output;
+    std::istringstream lines(single.output);
+    for (std::string line; std::getline(lines, line);) {
+      json j = json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("tokens")) return j["tokens"].get<std::vector<int>>();
+    }
+    return {};
+  }
+
+  bool both_alive() const {
+    return eventually(
+        [&] {
+          const json s = state();
+          int alive = 0;
+          for (const json& n : s.value("nodes", json::array())) alive += n.value("alive", false);
+          return alive == 2;
+        },
+        20s);
+  }
+
+  // Deploys the model with a TTFT SLO of 0.7 × M/b (one worker fetches M over 1 MB/s, two
+  // stages M/2 each: Alg. 1 plans a pipeline) and cold-starts it; the plan.
+  json deploy_and_cold_start() {
+    const double slo = 0.7 * static_cast<double>(model_bytes_) / 1e6;
+    auto d = cluster({"deploy", kModel, "--size", std::to_string(model_bytes_), "--layers", "4",
+                      "--ttft", std::to_string(slo)});
+    EXPECT_EQ(d.exit_code, 0) << d.output;
+    auto c = cluster({"cold-start", kModel});
+    EXPECT_EQ(c.exit_code, 0) << c.output << coordinator_log();
+    return json::parse(c.output, nullptr, false).value("plan", json());
+  }
+
+  // Stage 0's URL once it is the model's serving route ("" on timeout).
+  std::string serving_url(const std::string& id) {
+    std::string url;
+    eventually(
+        [&] {
+          const json now = plan(id);
+          if (!now.contains("placement")) return false;
+          const json& s0 = now["placement"][0];
+          if (s0.value("route_state", "") != "WORKER_SERVING") return false;
+          url = s0.value("worker_url", "");
+          return !url.empty();
+        },
+        120s);
+    return url;
   }
 
   TempDir dir_;
@@ -305,6 +366,56 @@ TEST_F(PipelineWorkers, APp2ColdStartAnswersLikeOneWorkerThenConsolidates) {
   httplib::Client gone(url);
   gone.set_connection_timeout(std::chrono::milliseconds(300));
   EXPECT_FALSE(gone.Get("/health")) << "the pipeline's stage 0 still answers";
+}
+
+}  // namespace
+}  // namespace thaw::testing
+
+namespace thaw::testing {
+namespace {
+
+// Drain (the default hand-over): a request in flight on the pipeline when consolidation
+// switches the routes finishes there, whole, with one worker's tokens; the pipeline is stopped
+// only after it.
+TEST_F(PipelineWorkers, ARequestInFlightDuringTheHandOverFinishesOnThePipeline) {
+  start_coordinator();
+  // 25 ms per step on each stage: 48 tokens take over 2 s, longer than the tiny model's
+  // consolidation (the rest fetched, a standalone worker started) needs to reach the hand-over.
+  for (const char* id : {"node-a", "node-b"}) add_node(id, {"--step-delay-ms", "25"});
+  ASSERT_TRUE(both_alive()) << diagnostics();
+  const std::vector<int> prompt = {464, 2068, 758, 2183, 1804, 625, 262};
+  const std::vector<int> expected = single_worker("464,2068,758,2183,1804,625,262", 48);
+  ASSERT_EQ(expected.size(), 48u);
+  const json p = deploy_and_cold_start();
+  ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
+  const std::string id = p["id"];
+  const std::string url = serving_url(id);
+  ASSERT_FALSE(url.empty()) << diagnostics();
+
+  std::vector<int> got;
+  std::atomic<bool> answered{false};
+  std::thread client([&] {
+    got = complete(url, prompt, 48);
+    answered = true;
+  });
+  // The hand-over begins while the request runs; the pipeline is not stopped under it.
+  bool handover_seen_in_flight = false;
+  while (!answered) {
+    const std::string phase = plan(id).value("phase", "");
+    if (phase == "PHASE_HANDOVER") handover_seen_in_flight = true;
+    EXPECT_NE(phase, "PHASE_STOPPING") << "stopping with a request in flight";
+    EXPECT_NE(phase, "PHASE_CONSOLIDATED") << "consolidated with a request in flight";
+    std::this_thread::sleep_for(50ms);
+  }
+  client.join();
+  EXPECT_TRUE(handover_seen_in_flight) << "the request ended before the hand-over began; "
+                                          "the test needs a slower decode"
+                                       << coordinator_log();
+  EXPECT_EQ(got, expected) << diagnostics();
+  ASSERT_TRUE(eventually([&] { return plan(id).value("phase", "") == "PHASE_CONSOLIDATED"; }, 60s))
+      << diagnostics();
+  const std::string standalone = plan(id)["placement"][0].value("standalone_url", "");
+  EXPECT_EQ(complete(standalone, prompt, 48), expected);
 }
 
 }  // namespace
