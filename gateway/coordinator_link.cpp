@@ -38,8 +38,25 @@ RouteMap route_map_from(const v1::RouteTable& table) {
   return out;
 }
 
+RouteMap RouteTableTracker::accept(const v1::RouteTable& table,
+                                   std::chrono::steady_clock::time_point now) {
+  RouteMap routes = route_map_from(table);
+  if (last_generation_ != 0 && table.generation() < last_generation_) {
+    ++restarts_;
+    grace_until_ = now + grace_;
+  } else if (now >= grace_until_) {
+    known_.clear();
+  }
+  last_generation_ = table.generation();
+  if (now < grace_until_) {
+    for (const std::string& model : known_) routes.try_emplace(model);
+  }
+  for (const auto& [model, workers] : routes) known_.insert(model);
+  return routes;
+}
+
 CoordinatorLink::CoordinatorLink(CoordinatorLinkOptions options, Router& router)
-    : options_(std::move(options)), router_(router) {
+    : options_(std::move(options)), router_(router), tracker_(options_.restart_grace) {
   if (!options_.log) options_.log = [](int, const std::string&) {};
 }
 
@@ -181,7 +198,13 @@ void CoordinatorLink::run() {
         continue;
       }
       if (reply->body_case() == v1::FrontendReply::kRoutes) {
-        router_.replace(route_map_from(reply->routes()));
+        const std::uint64_t restarts = tracker_.restarts();
+        router_.replace(tracker_.accept(reply->routes(), std::chrono::steady_clock::now()));
+        if (tracker_.restarts() != restarts) {
+          options_.log(LOG_NOTICE,
+                       "the coordinator restarted: keeping the models it does not "
+                       "list yet for the restart grace period");
+        }
         tables_.fetch_add(1);
         options_.log(LOG_DEBUG,
                      fmt::format("route table {} ({} models)", reply->routes().generation(),

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -27,11 +28,31 @@ namespace v1 = thaw::cluster::v1;
 // The route table as the Router takes it (exposed for tests).
 RouteMap route_map_from(const v1::RouteTable& table);
 
+// Turns the coordinator's tables into the Router's, across a coordinator restart: a restarted
+// coordinator (its generation starts again) knows only the models its nodes' tasks name until
+// frontends deploy the others again. For `grace` after a restart, models the gateway knew are
+// kept, with no workers: their requests are held and answered 503 + Retry-After (try again),
+// not 404 (no such model).
+class RouteTableTracker {
+ public:
+  explicit RouteTableTracker(std::chrono::milliseconds grace) : grace_(grace) {}
+  RouteMap accept(const v1::RouteTable& table, std::chrono::steady_clock::time_point now);
+  std::uint64_t restarts() const { return restarts_; }
+
+ private:
+  std::chrono::milliseconds grace_;
+  std::uint64_t last_generation_ = 0;
+  std::uint64_t restarts_ = 0;
+  std::set<std::string> known_;  // models of the last table before the restart
+  std::chrono::steady_clock::time_point grace_until_{};
+};
+
 struct CoordinatorLinkOptions {
   std::string endpoint;  // the coordinator's --frontend endpoint
   std::string gateway_id;
   std::chrono::milliseconds report_interval{1000};
   std::function<void(int priority, const std::string&)> log;
+  std::chrono::milliseconds restart_grace{30'000};  // RouteTableTracker
 };
 
 inline constexpr std::size_t kMaxOutbox = 4096;
@@ -62,6 +83,7 @@ class CoordinatorLink final : public ControlPlane {
   std::deque<std::string> outbox_;  // encoded requests, at most kMaxOutbox
   bool stop_ = false;
   std::atomic<std::uint64_t> tables_{0};
+  RouteTableTracker tracker_{std::chrono::milliseconds(0)};  // set in the constructor
   std::thread thread_;
 };
 

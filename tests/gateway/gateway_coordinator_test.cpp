@@ -37,6 +37,11 @@ class GatewayCoordinatorTest : public ::testing::Test {
     // A fixed loopback port for the nodes (the coordinator prints no bound port).
     node_port_ = 20000 + getpid() % 20000;
     frontend_ = "ipc://" + (dir_.path() / "frontend.sock").string();
+    start_coordinator();
+  }
+
+  void start_coordinator() {
+    coordinator_.reset();
     coordinator_ = std::make_unique<ChildProcess>(
         std::vector<std::string>{THAW_COORDINATOR_BIN, "serve", "--nodes",
                                  "tcp://127.0.0.1:" + std::to_string(node_port_), "--frontend",
@@ -209,6 +214,50 @@ TEST_F(GatewayCoordinatorTest, RoutesColdStartAndLoadThroughARealCoordinator) {
                           }),
             1)
       << "one ask for two held requests";
+}
+
+TEST_F(GatewayCoordinatorTest, ARestartedCoordinatorResubscribesTheGateway) {
+  deploy("m");
+  Router router(RouterOptions{}, nullptr);
+  auto link = CoordinatorLink::start({frontend_, "gw-restart", 100ms, {}, 20s}, router);
+  ASSERT_TRUE(link) << link.error();
+  std::atomic<bool> done{false};
+  std::thread reporter([&] {
+    while (!done) {
+      std::this_thread::sleep_for(100ms);
+      (*link)->report_load(router.take_window(std::chrono::steady_clock::now()));
+    }
+  });
+  struct Join {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~Join() {
+      done = true;
+      t.join();
+    }
+  } join{done, reporter};
+  ASSERT_TRUE(until([&] { return router.knows("m"); }, 5s));
+  deploy("n");
+  ASSERT_TRUE(until([&] { return router.knows("n"); }, 5s));
+  const std::uint64_t before = (*link)->tables_received();
+  // The coordinator goes away and comes back knowing nothing deployed.
+  start_coordinator();
+  ASSERT_TRUE(until([&] { return (*link)->tables_received() > before; }, 10s))
+      << "no table from the restarted coordinator";
+  // Its first table lists nothing; the models stay known (held → 503, not 404) for the grace.
+  EXPECT_TRUE(router.knows("m"));
+  EXPECT_TRUE(router.knows("n"));
+  deploy("m");  // a frontend deploys again: pushed to the re-subscribed gateway
+  ASSERT_TRUE(until(
+      [&] {
+        v1::FrontendRequest q;
+        q.mutable_state();
+        return ask(q).state().models_size() == 1;
+      },
+      5s));
+  EXPECT_TRUE(until([&] { return router.knows("m"); }, 5s));
+  EXPECT_NE(coordinator_->log().find("gateway gw-restart"), std::string::npos)
+      << coordinator_->log();
 }
 
 }  // namespace

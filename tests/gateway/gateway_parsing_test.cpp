@@ -82,6 +82,33 @@ TEST(GatewayMessages, RouteTableBecomesTheRoutersMap) {
   EXPECT_TRUE(map["idle"].empty());
 }
 
+TEST(GatewayMessages, ModelsSurviveACoordinatorRestartForTheGracePeriod) {
+  using namespace std::chrono_literals;
+  auto table = [](std::uint64_t generation, std::vector<std::string> models) {
+    v1::RouteTable t;
+    t.set_generation(generation);
+    for (const auto& m : models) t.add_models()->set_model(m);
+    return t;
+  };
+  RouteTableTracker tracker(10s);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(tracker.accept(table(1, {"a"}), t0).size(), 1u);
+  EXPECT_EQ(tracker.accept(table(4, {"a", "b"}), t0).size(), 2u);
+  // A model removed by a running coordinator is gone at once.
+  EXPECT_EQ(tracker.accept(table(5, {"a"}), t0).size(), 1u);
+  EXPECT_EQ(tracker.accept(table(6, {"a", "b"}), t0).size(), 2u);
+  // Restart: generation 1 again, nothing deployed yet — a and b are kept, without workers.
+  RouteMap after = tracker.accept(table(1, {}), t0 + 1s);
+  EXPECT_EQ(tracker.restarts(), 1u);
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_TRUE(after["a"].empty());
+  EXPECT_EQ(tracker.accept(table(2, {"c"}), t0 + 5s).size(), 3u);
+  // After the grace period only what the coordinator lists.
+  RouteMap later = tracker.accept(table(3, {"c"}), t0 + 12s);
+  EXPECT_EQ(later.size(), 1u);
+  EXPECT_TRUE(later.contains("c"));
+}
+
 TEST(GatewayMessages, CodecRefusesRoutesAGatewayCouldNotUse) {
   auto refused = [](auto edit) {
     v1::FrontendReply reply;
