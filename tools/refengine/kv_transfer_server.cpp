@@ -87,7 +87,7 @@ KvTransfer::~KvTransfer() {
     for (auto& [id, p] : pending_) scheduler_->free_blocks(p.blocks);
 }
 
-void KvTransfer::import(const std::string& body, httplib::Response& res) {
+void KvTransfer::import_body(const std::string& body, httplib::Response& res) {
   const GPT2Config& cfg = engine_.config();
   const int head_dim = int(cfg.n_embd / cfg.n_head);
   auto blob = parse_kv_blob(body, kKvMaxBodyBytes);
@@ -296,7 +296,7 @@ void KvTransfer::add_routes(httplib::Server& server) {
   server.Post("/kv/import", [=, this](const httplib::Request& req, httplib::Response& res) {
     if (!full_worker || scheduler_ == nullptr)
       return reply_error(res, 409, "only a full worker (--pp-size 1) imports KV");
-    import(req.body, res);
+    import_body(req.body, res);
   });
 
   // The full worker gathers a request's blocks itself, stage by stage: the bytes go from each
@@ -340,7 +340,7 @@ void KvTransfer::add_routes(httplib::Server& server) {
       return reply_error(res, 502,
                          fmt::format("the stage at {} sent the blocks of request {}", *from,
                                      blob->header.request_id));
-    import(got->body, res);
+    import_body(got->body, res);
   });
 
   server.Post("/kv/abort", [this](const httplib::Request& req, httplib::Response& res) {

@@ -38,7 +38,7 @@ class KvTransfer {
 
  private:
   // Checks a KV body and writes its blocks (POST /kv/import, /kv/pull); answers on `res`.
-  void import(const std::string& body, httplib::Response& res);
+  void import_body(const std::string& body, httplib::Response& res);
 
   struct Pending {  // an import under way: blocks reserved, some layers written
     std::vector<int> blocks;
