@@ -94,9 +94,16 @@ box_leftovers() {
   ls -d "/tmp/$box".* "/dev/shm/$box".* "/etc/netns/$box"-* 2>/dev/null | sed 's/^/dir /' || true
   local p
   for p in "${BOX_PIDS[@]}"; do
-    kill -0 "$p" 2>/dev/null && echo "process $p $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
+    pid_alive "$p" && echo "process $p $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
   done
   return 0
+}
+# pid_alive PID: running, not a zombie waiting for its reaper (kill -0 succeeds on those).
+pid_alive() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [[ ${stat%% *} != Z ]]
 }
 BOX_PIDS=()
 

@@ -1,0 +1,111 @@
+#!/bin/bash
+# Cold-start TTFT over shaped links: thaw with PP = 1, 2, 4 against the baseline (one worker
+# that downloads the whole model, then starts without the shim — serverless vLLM), each in a
+# fresh cluster in a box (tools/demo-cluster/box.sh), in one run. bench/cluster/README.md says
+# how PP is steered (Alg. 1 and a TTFT SLO) and what TTFT means here. Root only.
+#
+# usage: bench/cluster/cold_start.sh [--build DIR] [--repeats N] [--rate 1gbit] [--nodes 4]
+#                                    [--pp "1 2 4"] [--layers 16]
+set -Eeuo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+# shellcheck source=tools/demo-cluster/box.sh
+source "$REPO/tools/demo-cluster/box.sh"
+
+BUILD=$REPO/build/default REPEATS=3 RATE=1gbit NODES=4 PPS="1 2 4" LAYERS=16 ONE=''
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --build) BUILD=$2; shift 2 ;;
+    --repeats) REPEATS=$2; shift 2 ;;
+    --rate) RATE=$2; shift 2 ;;
+    --nodes) NODES=$2; shift 2 ;;
+    --pp) PPS=$2; shift 2 ;;
+    --layers) LAYERS=$2; shift 2 ;;
+    --one) ONE=$2; shift 2 ;;  # internal: one contender in this process's own box
+    *) die "unknown argument $1" ;;
+  esac
+done
+BUILD=$(cd "$BUILD" && pwd)
+box_check_host 1
+box_binaries "$BUILD"
+ROOT=$BUILD/cluster-box/models
+MODEL=b-cold-$LAYERS
+LINK_BPS=$(rate_bps "$RATE")
+PROMPT='[5,6,7,8,9,10,11,12]'
+export BOX_ENGINE_ARGS="--max-num-seqs 2 --max-model-len 64 --num-gpu-blocks-override 32 --enforce-eager"
+export BOX_EMU_MEMORY=3G BOX_CACHE_BUDGET=4GiB
+
+# ----------------------------------------------------------------- one contender, one box
+# Prints: contender  planned-stages  ttft-s  tokens
+if [[ -n $ONE ]]; then
+  box_network "$NODES" "$RATE"
+  box_registry "$ROOT" "$MODEL/config.json"
+  # Fixed start-up costs: Alg. 1's choice then depends on the SLO alone (README.md).
+  box_coordinator --launch-workers --worker-ports 20000 --worker-port-count 64 \
+    --fixed-startup-costs --t-cc 0.1 --t-cu 0.1 --t-l 0.3
+  for ((i = 0; i < NODES; i++)); do box_node "$i"; done
+  box_wait_nodes "$NODES"
+  box_gateway --hold-deadline 120s --upstream-timeout 120s
+  bytes=$(model_bytes "$ROOT/$MODEL")
+  name=$MODEL
+  case $ONE in
+    baseline) name=$MODEL-baseline; cluster deploy "$name" --size "$bytes" --layers "$LAYERS" >/dev/null ;;
+    pp1) cluster deploy "$name" --size "$bytes" --layers "$LAYERS" >/dev/null ;;
+    pp*)
+      k=${ONE#pp}
+      # Between Alg. 1's prediction for k stages and for k - 1 (0.5 s start-up + M / (k b)).
+      slo=$(awk -v m="$bytes" -v b="$LINK_BPS" -v k="$k" 'BEGIN { printf "%.3f", 0.5 + 1.15 * m * 8 / b / k }')
+      cluster deploy "$name" --size "$bytes" --layers "$LAYERS" --ttft "$slo" >/dev/null
+      ;;
+    *) die "--one $ONE: baseline or ppK" ;;
+  esac
+  out=$(in_ns "$BOX-ctl" curl -sS --max-time 150 -o "$BOX_WORK/answer.json" -w '%{http_code} %{time_total}' \
+    "$BOX_GATEWAY/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\":\"$name\",\"prompt\":$PROMPT,\"max_tokens\":4,\"ignore_eos\":true}") || true
+  [[ ${out%% *} == 200 ]] || die "$ONE: the gateway answered ${out:-nothing}: $(cat "$BOX_WORK/answer.json" 2>/dev/null)"
+  tokens=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["choices"][0]["token_ids"])))' "$BOX_WORK/answer.json")
+  stages=$(cluster state | python3 -c 'import json,sys; print(max([p["stages"] for p in json.load(sys.stdin).get("plans", [])] or [0]))')
+  printf '%s\t%s\t%s\t%s\n' "$ONE" "$stages" "${out#* }" "$tokens"
+  exit 0
+fi
+
+# ----------------------------------------------------------------------------- the runs
+box_reap_leftovers
+mkdir -p "$ROOT"
+box_publish_model "$ROOT" "$MODEL" --layers "$LAYERS" --embd 1024 --heads 16 --vocab 8192 --positions 256 --dtype f16
+[[ -d $ROOT/$MODEL-baseline ]] || cp -al "$ROOT/$MODEL" "$ROOT/$MODEL-baseline"
+BYTES=$(model_bytes "$ROOT/$MODEL")
+CONTENDERS=(baseline)
+for k in $PPS; do CONTENDERS+=("pp$k"); done
+RESULTS=$WORK/results.tsv
+: >"$RESULTS"
+n=${#CONTENDERS[@]}
+for ((r = 1; r <= REPEATS; r++)); do
+  for ((j = 0; j < n; j++)); do
+    c=${CONTENDERS[(j + r - 1) % n]}
+    log "round $r: $c"
+    line=$(bash "$0" --one "$c" --build "$BUILD" --rate "$RATE" --nodes "$NODES" --layers "$LAYERS" 2>"$WORK/$c.$r.log") ||
+      die "$c failed: $(tail -5 "$WORK/$c.$r.log")"
+    log "  $line"
+    printf '%s\n' "$line" >>"$RESULTS"
+  done
+done
+echo
+echo "== cold start, one request through thaw-gateway: $MODEL ($BYTES bytes, $LAYERS layers) on $NODES nodes, links $RATE each way, $REPEATS rounds =="
+python3 - "$RESULTS" <<'PY'
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+by = {}
+for c, stages, t, tokens in rows:
+    by.setdefault(c, []).append((int(stages), float(t), tokens))
+answers = {tok for v in by.values() for _, _, tok in v}
+base = statistics.median(t for _, t, _ in by["baseline"])
+print(f"{'contender':10} {'planned PP':>10} {'TTFT median':>12} {'min':>7} {'max':>7} {'baseline/this':>14}")
+for c, v in by.items():
+    ts = [t for _, t, _ in v]
+    pp = sorted({s for s, _, _ in v})
+    med = statistics.median(ts)
+    print(f"{c:10} {'/'.join(map(str, pp)):>10} {med:11.2f}s {min(ts):6.2f}s {max(ts):6.2f}s {base / med:13.2f}x")
+print("answers identical across contenders:" if len(answers) == 1 else "ANSWERS DIFFER:", " | ".join(sorted(answers)))
+sys.exit(0 if len(answers) == 1 else 1)
+PY
