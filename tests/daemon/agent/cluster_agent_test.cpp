@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -213,6 +215,49 @@ TEST_F(ClusterAgentTest, ASilentCoordinatorMakesItReconnectAndRegisterAfresh) {
   EXPECT_TRUE(until([&] { return agent_->status().registrations > registrations; }));
   welcome(100, 20);
   ASSERT_TRUE(until([&] { return agent_->status().connected; }));
+}
+
+// The coordinator's per-class rates reach thawd's callback as sent; rates no shaper could
+// apply are dropped by the codec and never reach it.
+TEST_F(ClusterAgentTest, ClassRatesReachTheCallbackAndBadOnesAreDropped) {
+  std::mutex mutex;
+  std::vector<v1::ClassRates> delivered;
+  AgentConfig c = config();
+  c.on_class_rates = [&](const v1::ClassRates& r) {
+    std::lock_guard lock(mutex);
+    delivered.push_back(r);
+  };
+  auto agent = ClusterAgent::start(c, *service_, *tasks_, *workers_);
+  ASSERT_TRUE(agent) << agent.error();
+  agent_ = std::move(*agent);
+  ASSERT_TRUE(receive_kind(v1::NodeMessage::kRegister));
+  welcome(100, 20);
+  ASSERT_TRUE(until([&] { return agent_->status().connected; }));
+
+  v1::CoordinatorMessage rates;
+  v1::ClassRates* r = rates.mutable_class_rates();
+  r->set_link_bytes_per_s(1000);
+  r->set_cold_starts(2);
+  r->set_per_cold_start_bytes_per_s(415);
+  for (double g : {100.0, 830.0, 20.0, 50.0}) {
+    v1::ClassRate* cr = r->add_classes();
+    cr->set_rate_bytes_per_s(g);
+    cr->set_ceil_bytes_per_s(1000);
+  }
+  v1::CoordinatorMessage too_much = rates;
+  too_much.mutable_class_rates()->mutable_classes(0)->set_rate_bytes_per_s(500);  // sum 1400
+  send(std::move(too_much));
+  send(std::move(rates));
+  ASSERT_TRUE(until([&] {
+    std::lock_guard lock(mutex);
+    return !delivered.empty();
+  }));
+  EXPECT_TRUE(until([&] { return agent_->status().dropped == 1; }));
+  std::lock_guard lock(mutex);
+  ASSERT_EQ(delivered.size(), 1u);
+  EXPECT_EQ(delivered[0].cold_starts(), 2u);
+  ASSERT_EQ(delivered[0].classes_size(), 4);
+  EXPECT_DOUBLE_EQ(delivered[0].classes(1).rate_bytes_per_s(), 830);
 }
 
 }  // namespace
