@@ -520,6 +520,36 @@ TEST_F(KvMigration, DrainFinishesOnThePipelineRefusesNewRequestsThenStops) {
   EXPECT_EQ(pp.stages[1]->wait_exit(30000), 0) << pp.logs();
 }
 
+// A request that reached stage 0 but was never scheduled (no KV yet) moves as a prompt retry.
+TEST_F(KvMigration, AWaitingRequestMovesAsAPromptRetry) {
+  Serve target({}, 5);
+  Pipeline pp(2);
+  ASSERT_TRUE(target.ready()) << target.log();
+  ASSERT_TRUE(pp.ready()) << pp.logs();
+  const auto want = reference(target, 12);
+  const std::string s0 = pp.stages[0]->url();
+  ASSERT_TRUE(post(s0, "/kv/pause", "{}"));
+  auto client = std::async(std::launch::async, [&] { return complete(s0, kPrompts[1], 12); });
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  json listed;
+  do {
+    ASSERT_LT(std::chrono::steady_clock::now(), end) << "the request never arrived";
+    listed = get_json(s0, "/kv/requests");
+  } while (listed["requests"].empty());
+  EXPECT_EQ(listed["requests"][0]["state"], "waiting");
+  EXPECT_EQ(listed["requests"][0]["kv_tokens"], 0);
+  auto moved = refengine::migrate({pp.urls(), target.url(), 20000, {}, {}});
+  ASSERT_TRUE(moved) << moved.error();
+  ASSERT_EQ(moved->size(), 1u);
+  EXPECT_EQ((*moved)[0].how, "prompt");
+  EXPECT_TRUE((*moved)[0].released);
+  ASSERT_TRUE(refengine::wait_results(target.url(), *moved, 60000));
+  EXPECT_EQ((*moved)[0].tokens, want[1]);
+  const json j = client.get();
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "migrated") << j.dump();
+  EXPECT_TRUE(j["choices"][0]["token_ids"].empty());
+}
+
 // After a migration stage 0 stays paused until it is stopped; a request that reached it then
 // waits. SIGTERM must still stop it (the HTTP server joins its threads) and answer that caller.
 TEST_F(KvMigration, APausedWorkerStopsOnSigtermAndAnswersItsWaitingCaller) {
