@@ -339,7 +339,7 @@ double ClusterState::next_deadline(double now) const {
 }
 
 void ClusterState::send_stage_tasks(PlanRecord& plan, const v1::PlannedStage& stage,
-                                    std::vector<Outbound>& out) const {
+                                    std::vector<Outbound>& out, bool launch) const {
   auto task_for = [&](v1::TaskKind kind) {
     v1::CoordinatorMessage m;
     v1::Task* t = m.mutable_task();
@@ -359,7 +359,7 @@ void ClusterState::send_stage_tasks(PlanRecord& plan, const v1::PlannedStage& st
     return m;
   };
   out.push_back({stage.node_id(), task_for(v1::TASK_FETCH)});
-  if (config_.launch_workers) {
+  if (config_.launch_workers && launch) {
     v1::CoordinatorMessage m;
     *m.mutable_task() = launch_task(plan, stage, false);
     out.push_back({stage.node_id(), std::move(m)});
@@ -469,6 +469,12 @@ std::optional<std::pair<std::string, std::uint32_t>> ClusterState::replacement_f
 
 void ClusterState::replan_stages_of(const std::string& dead_node, std::vector<Outbound>& out) {
   for (auto& [id, plan] : plans_) {
+    // Workers wired to the dead node's stage cannot serve: with workers, every stage of a
+    // pipeline still starting or serving is launched again (relaunch). Later phases keep
+    // their standalone workers; the hand-over carries on without the dead stage.
+    const bool rewire = config_.launch_workers && (plan.plan.phase() == v1::PHASE_COLD_STARTING ||
+                                                   plan.plan.phase() == v1::PHASE_PIPELINED);
+    std::set<std::uint32_t> moved;
     for (int i = 0; i < plan.plan.placement_size(); ++i) {
       v1::PlannedStage* stage = plan.plan.mutable_placement(i);
       if (stage->node_id() != dead_node) continue;
@@ -482,8 +488,7 @@ void ClusterState::replan_stages_of(const std::string& dead_node, std::vector<Ou
       }
       stage->set_node_id(target->first);
       stage->set_gpu(target->second);
-      // New ports on the new node. The other stages' engines were started with the dead
-      // node's address and are not relaunched here (see the report: not done yet).
+      // New ports on the new node (a relaunch below gives every stage new ones).
       stage->set_pipeline_port(0);
       stage->set_http_port(0);
       stage->set_worker_state(v1::TASK_STATE_UNSPECIFIED);
@@ -492,8 +497,10 @@ void ClusterState::replan_stages_of(const std::string& dead_node, std::vector<Ou
       stage->set_fetch_state(v1::TASK_RUNNING);
       stage->set_bytes_done(0);
       stage->set_replans(stage->replans() + 1);
-      send_stage_tasks(plan, *stage, out);
+      send_stage_tasks(plan, *stage, out, /*launch=*/!rewire);
+      if (rewire) moved.insert(stage->stage());
     }
+    if (!moved.empty()) relaunch(plan, moved, out);
   }
 }
 

@@ -92,6 +92,7 @@ struct PlanRecord {
   std::set<std::uint32_t> whole_model_on;   // stages whose node has fetched the whole model
   std::set<std::uint32_t> rest_fetch_sent;  // scale-up: stages asked to fetch the rest
   std::set<std::uint32_t> stop_sent;        // pipeline workers told to stop
+  std::uint32_t generation = 0;             // of the pipeline's launches (relaunch())
 };
 
 // A model's load as the gateways see it (HydraServe §6.1's inputs).
@@ -168,8 +169,9 @@ class ClusterState {
  private:
   std::expected<v1::Plan, std::string> plan_cold_start(const v1::ModelSpec& model, double now,
                                                        std::vector<Outbound>& out);
-  void send_stage_tasks(PlanRecord& plan, const v1::PlannedStage& stage,
-                        std::vector<Outbound>& out) const;
+  // Its fetch, and (with workers, unless `launch` is false) its worker's launch.
+  void send_stage_tasks(PlanRecord& plan, const v1::PlannedStage& stage, std::vector<Outbound>& out,
+                        bool launch = true) const;
   // consolidation.cpp: ports, wiring, and the §6 phases.
   void assign_ports(PlanRecord& plan);
   std::uint32_t take_port(const std::string& node_id);
@@ -177,7 +179,11 @@ class ClusterState {
   std::string worker_host(const std::string& node_id) const;
   v1::Task launch_task(const PlanRecord& plan, const v1::PlannedStage& stage,
                        bool standalone) const;
-  v1::Task stop_task(const PlanRecord& plan, const v1::PlannedStage& stage, bool standalone) const;
+  v1::Task stop_task(const PlanRecord& plan, const v1::PlannedStage& stage, bool standalone,
+                     std::optional<std::uint32_t> generation = std::nullopt) const;
+  // A stage moved while the pipeline starts or serves: every stage is launched again wired
+  // to the new peers (new ports), the older launches stopped.
+  void relaunch(PlanRecord& plan, const std::set<std::uint32_t>& moved, std::vector<Outbound>& out);
   void apply_worker_progress(PlanRecord& plan, const std::string& node_id,
                              const v1::TaskStatus& status);
   void advance(PlanRecord& plan, double now, std::vector<Outbound>& out);

@@ -90,8 +90,10 @@ void ClusterState::assign_ports(PlanRecord& plan) {
 v1::Task ClusterState::launch_task(const PlanRecord& plan, const v1::PlannedStage& stage,
                                    bool standalone) const {
   v1::Task t;
-  t.set_id(fmt::format("{}/{}/{}", plan.plan.id(), stage.stage(),
-                       standalone ? "launch-standalone" : "launch-worker"));
+  const std::string suffix = plan.generation > 0 ? fmt::format("-g{}", plan.generation) : "";
+  t.set_id(fmt::format("{}/{}/{}{}", plan.plan.id(), stage.stage(),
+                       standalone ? "launch-standalone" : "launch-worker", suffix));
+  t.set_generation(plan.generation);
   t.set_plan_id(plan.plan.id());
   t.set_kind(v1::TASK_LAUNCH_WORKER);
   *t.mutable_model() = plan.model;
@@ -122,10 +124,13 @@ v1::Task ClusterState::launch_task(const PlanRecord& plan, const v1::PlannedStag
 }
 
 v1::Task ClusterState::stop_task(const PlanRecord& plan, const v1::PlannedStage& stage,
-                                 bool standalone) const {
+                                 bool standalone, std::optional<std::uint32_t> generation) const {
   v1::Task t;
-  t.set_id(fmt::format("{}/{}/{}", plan.plan.id(), stage.stage(),
-                       standalone ? "stop-standalone" : "stop-worker"));
+  const std::uint32_t g = generation.value_or(plan.generation);
+  t.set_id(fmt::format("{}/{}/{}{}", plan.plan.id(), stage.stage(),
+                       standalone ? "stop-standalone" : "stop-worker",
+                       g > 0 ? fmt::format("-g{}", g) : ""));
+  t.set_generation(g);
   t.set_plan_id(plan.plan.id());
   t.set_kind(v1::TASK_STOP_WORKER);
   *t.mutable_model() = plan.model;
@@ -141,6 +146,8 @@ void ClusterState::apply_worker_progress(PlanRecord& plan, const std::string& no
   const v1::Task& task = status.task();
   v1::PlannedStage* stage = stage_of(plan.plan, task.stage());
   if (stage == nullptr || stage->node_id() != node_id) return;  // a stage that moved since
+  // An older launch's worker (stopped by a relaunch) says nothing about the pipeline now.
+  if (!task.standalone() && task.generation() != plan.generation) return;
   if (task.kind() == v1::TASK_STOP_WORKER) {
     if (!task.standalone()) plan.stop_sent.insert(task.stage());
     return;
@@ -160,6 +167,28 @@ void ClusterState::apply_worker_progress(PlanRecord& plan, const std::string& no
       stage->set_pipeline_port(port_in(task.peers(static_cast<int>(task.stage()))));
     }
   }
+}
+
+void ClusterState::relaunch(PlanRecord& plan, const std::set<std::uint32_t>& moved,
+                            std::vector<Outbound>& out) {
+  const std::uint32_t old = plan.generation++;
+  for (v1::PlannedStage& s : *plan.plan.mutable_placement()) {
+    // The moved stage's old worker died with its node; the others' are told to stop (or, if
+    // still waiting for their fetch, not to start).
+    if (!moved.contains(s.stage())) {
+      out.push_back({s.node_id(), as_message(stop_task(plan, s, false, old))});
+    }
+    s.set_pipeline_port(0);
+    s.set_http_port(0);
+    s.set_worker_state(v1::TASK_STATE_UNSPECIFIED);
+    s.set_worker_ready(false);
+  }
+  assign_ports(plan);
+  for (const v1::PlannedStage& s : plan.plan.placement()) {
+    out.push_back({s.node_id(), as_message(launch_task(plan, s, false))});
+  }
+  plan.plan.set_phase(v1::PHASE_COLD_STARTING);
+  set_routes(plan);
 }
 
 std::vector<std::uint32_t> ClusterState::standalone_stages(const PlanRecord& plan) const {
@@ -383,6 +412,15 @@ void ClusterState::on_migration_result(const std::string& plan_id, bool ok,
 }
 
 void ClusterState::rebuild_workers_from(const std::string& node_id, const v1::Register& report) {
+  // The newest launch generation first: older launches' statuses are then ignored.
+  for (const v1::TaskStatus& status : report.tasks()) {
+    const v1::Task& task = status.task();
+    auto it = plans_.find(task.plan_id());
+    if (it == plans_.end() || task.standalone()) continue;
+    if (task.kind() == v1::TASK_LAUNCH_WORKER || task.kind() == v1::TASK_STOP_WORKER) {
+      it->second.generation = std::max(it->second.generation, task.generation());
+    }
+  }
   for (const v1::TaskStatus& status : report.tasks()) {
     const v1::Task& task = status.task();
     auto it = plans_.find(task.plan_id());

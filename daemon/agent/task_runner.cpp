@@ -34,7 +34,8 @@ bool http_health_ok(std::uint16_t port) {
 }
 
 std::string TaskRunner::unit_for(const v1::Task& task) {
-  const std::string unit = WorkerLauncher::unit_name(task.plan_id(), task.stage());
+  std::string unit = WorkerLauncher::unit_name(task.plan_id(), task.stage());
+  if (task.generation() > 0) unit += fmt::format("-g{}", task.generation());
   return task.standalone() ? unit + "-full" : unit;
 }
 
@@ -133,6 +134,17 @@ void TaskRunner::run_locked(Held& held) {
     }
     case v1::TASK_STOP_WORKER: {
       held.unit = unit_for(task);
+      // A launch still waiting for its fetch is called off instead: it would start an engine
+      // wired to peers that are gone.
+      for (auto& [id, other] : tasks_) {
+        if (other.status.task().kind() == v1::TASK_LAUNCH_WORKER && !other.waiting_for.empty() &&
+            unit_for(other.status.task()) == held.unit) {
+          other.waiting_for.clear();
+          set_state(other.status, v1::TASK_DONE, "stopped before its launch");
+          other.changed = true;
+          return set_state(held.status, v1::TASK_DONE);
+        }
+      }
       if (auto ok = workers_.request_stop(held.unit); !ok) {
         return set_state(held.status, v1::TASK_FAILED, ok.error());
       }

@@ -1,6 +1,7 @@
 // A plan's workers through HydraServe §6 in ClusterState, without sockets or clocks: wiring
 // (peers, layers, ports), readiness, routes, scale-down with drain or KV migration, scale-up,
 // the restart mid-consolidation, the §6.1 sliding window and measured start-up costs.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -486,6 +487,70 @@ TEST(Consolidation, MeasuredStartUpCostsReplaceTheConfiguredOnes) {
   Harness fixed(off);
   fixed.state.on_node_message("n1", beat, 1);
   EXPECT_EQ(fixed.state.startup_costs().container, 0.5);
+}
+
+}  // namespace
+}  // namespace thaw::coordinator
+
+namespace thaw::coordinator {
+namespace {
+
+TEST(Consolidation, AStageWhoseNodeDiesIsMovedAndEveryStageRelaunchedWithTheNewPeers) {
+  ClusterConfig c = config();
+  c.heartbeat_interval_s = 1;
+  c.liveness = 3;
+  Harness h(c);
+  h.cold_start();
+  h.report(h.node_of(0), *h.task(h.plan_id + "/0/launch-worker"), v1::TASK_RUNNING, true);
+  ASSERT_EQ(h.plan().phase(), v1::PHASE_PIPELINED);
+  const std::string dead = h.node_of(1);
+  const std::string survivor = h.node_of(0);
+  const std::uint32_t old_port = h.plan().placement(0).http_port();
+  // Every node but the dead one keeps talking.
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = "n" + std::to_string(i);
+    if (id == dead) continue;
+    v1::NodeMessage beat;
+    beat.mutable_heartbeat()->set_sequence(9);
+    h.state.on_node_message(id, beat, 3.5);
+  }
+  std::vector<std::string> died;
+  const auto out = h.state.tick(4, &died);
+  ASSERT_EQ(died, std::vector<std::string>{dead});
+  const v1::Plan& p = h.plan();
+  EXPECT_NE(p.placement(1).node_id(), dead);
+  EXPECT_EQ(p.phase(), v1::PHASE_COLD_STARTING) << "nothing serves until the new pipeline does";
+  EXPECT_EQ(p.placement(0).route_state(), v1::WORKER_COLD_STARTING);
+  // The survivor's worker (wired to the dead node) is stopped; the moved stage fetches; both
+  // stages launch again, generation 1, wired to the new peer, on new ports.
+  std::vector<std::string> stop_nodes, launch_nodes, fetch_nodes;
+  const auto stops = tasks_of(out, v1::TASK_STOP_WORKER, &stop_nodes);
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stop_nodes[0], survivor);
+  EXPECT_EQ(stops[0].generation(), 0u);
+  EXPECT_EQ(stops[0].stage(), 0u);
+  const auto fetches = tasks_of(out, v1::TASK_FETCH, &fetch_nodes);
+  ASSERT_EQ(fetches.size(), 1u);
+  EXPECT_EQ(fetch_nodes[0], p.placement(1).node_id());
+  const auto launches = tasks_of(out, v1::TASK_LAUNCH_WORKER, &launch_nodes);
+  ASSERT_EQ(launches.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const v1::Task& t = launches[i];
+    EXPECT_EQ(t.generation(), 1u);
+    EXPECT_EQ(t.id(), fmt::format("{}/{}/launch-worker-g1", h.plan_id, t.stage()));
+    EXPECT_EQ(launch_nodes[i], p.placement(static_cast<int>(t.stage())).node_id());
+    ASSERT_EQ(t.peers_size(), 2);
+    EXPECT_EQ(t.peers(1), "10.0.0." + p.placement(1).node_id().substr(1) + ":" +
+                              std::to_string(p.placement(1).pipeline_port()));
+  }
+  EXPECT_NE(p.placement(0).http_port(), old_port);
+  // The old launch's exit is not the new pipeline's; the new one's readiness is.
+  h.report(survivor, *h.task(h.plan_id + "/0/launch-worker"), v1::TASK_DONE, false, 5);
+  EXPECT_EQ(h.plan().placement(0).worker_state(), v1::TASK_STATE_UNSPECIFIED);
+  const v1::Task& relaunched = launches[0].stage() == 0 ? launches[0] : launches[1];
+  h.report(survivor, relaunched, v1::TASK_RUNNING, true, 5);
+  EXPECT_EQ(h.plan().phase(), v1::PHASE_PIPELINED);
+  EXPECT_EQ(h.plan().placement(0).route_state(), v1::WORKER_SERVING);
 }
 
 }  // namespace
