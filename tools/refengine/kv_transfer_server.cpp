@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <limits>
+#include <optional>
 #include <thread>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -49,15 +52,75 @@ std::expected<json, std::string> object_body(const httplib::Request& req) {
   }
 }
 
-// A field of a given JSON kind, or an error naming it.
+// An integer of T's range, exactly: no fractions, no silent truncation of large values.
+template <class T>
+std::optional<T> exact_int(const json& v) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u <= std::uint64_t(std::numeric_limits<T>::max())) return T(u);
+  } else if (v.is_number_integer()) {
+    const auto i = v.get<std::int64_t>();
+    if constexpr (std::is_signed_v<T>) {
+      if (i >= std::int64_t(std::numeric_limits<T>::min()) &&
+          i <= std::int64_t(std::numeric_limits<T>::max()))
+        return T(i);
+    } else if (i >= 0 && std::uint64_t(i) <= std::uint64_t(std::numeric_limits<T>::max())) {
+      return T(i);
+    }
+  }
+  return std::nullopt;
+}
+
+template <class T>
+struct is_vector : std::false_type {};
+template <class T>
+struct is_vector<std::vector<T>> : std::true_type {};
+
+// A field of a given JSON kind (integers and integer lists exactly, see exact_int), or an error
+// naming it.
 template <class T>
 std::expected<T, std::string> field(const json& j, const char* name) {
   if (!j.contains(name)) return std::unexpected(fmt::format("\"{}\" is missing", name));
-  try {
-    return j.at(name).get<T>();
-  } catch (const std::exception&) {
-    return std::unexpected(fmt::format("\"{}\" has the wrong type", name));
+  const json& v = j.at(name);
+  auto wrong = [&] { return std::unexpected(fmt::format("\"{}\" has the wrong type", name)); };
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    auto i = exact_int<T>(v);
+    if (!i)
+      return std::unexpected(fmt::format("\"{}\" must be an integer in {}..{}", name,
+                                         std::numeric_limits<T>::min(),
+                                         std::numeric_limits<T>::max()));
+    return *i;
+  } else if constexpr (is_vector<T>::value) {
+    using E = typename T::value_type;
+    if (!v.is_array()) return wrong();
+    T out;
+    out.reserve(v.size());
+    for (const json& e : v) {
+      auto i = exact_int<E>(e);
+      if (!i)
+        return std::unexpected(fmt::format("\"{}\" must list integers in {}..{}", name,
+                                           std::numeric_limits<E>::min(),
+                                           std::numeric_limits<E>::max()));
+      out.push_back(*i);
+    }
+    return out;
+  } else {
+    try {
+      return v.get<T>();
+    } catch (const std::exception&) {
+      return wrong();
+    }
   }
+}
+
+// An optional integer field within [lo, hi], `fallback` when absent.
+std::expected<int, std::string> int_or(const json& j, const char* name, int fallback, int lo,
+                                       int hi) {
+  if (!j.contains(name)) return fallback;
+  auto i = exact_int<int>(j.at(name));
+  if (!i || *i < lo || *i > hi)
+    return std::unexpected(fmt::format("\"{}\" must be an integer in {}..{}", name, lo, hi));
+  return *i;
 }
 
 json completion_json(std::uint64_t id, const Completion& c) {
@@ -192,9 +255,9 @@ void KvTransfer::add_routes(httplib::Server& server) {
     if (scheduler_ == nullptr) return reply_error(res, 409, "only stage 0 schedules: drain it");
     auto body = object_body(req);
     if (!body) return reply_error(res, 400, body.error());
-    const int timeout_ms = body->value("timeout_ms", 600000);
-    if (timeout_ms < 0 || timeout_ms > 3600000)
-      return reply_error(res, 400, "timeout_ms must be in 0..3600000");
+    const auto timeout = int_or(*body, "timeout_ms", 600000, 0, 3600000);
+    if (!timeout) return reply_error(res, 400, timeout.error());
+    const int timeout_ms = *timeout;
     if (scheduler_->paused())
       return reply_error(res, 409, "the engine is paused: a paused engine never drains");
     // In slices, so that a stop request (SIGTERM) is not held up by a long drain.
@@ -316,9 +379,9 @@ void KvTransfer::add_routes(httplib::Server& server) {
       if (e != nullptr) return reply_error(res, 400, *e);
     if (!from->starts_with("http://") || from->size() > 256)
       return reply_error(res, 400, "\"from\" must be a stage's http://host:port");
-    const int timeout_ms = body->value("timeout_ms", 60000);
-    if (timeout_ms < 1 || timeout_ms > 600000)
-      return reply_error(res, 400, "timeout_ms must be in 1..600000");
+    const auto timeout = int_or(*body, "timeout_ms", 60000, 1, 600000);
+    if (!timeout) return reply_error(res, 400, timeout.error());
+    const int timeout_ms = *timeout;
     httplib::Client stage(*from);
     stage.set_connection_timeout(std::chrono::milliseconds(timeout_ms));
     stage.set_read_timeout(std::chrono::milliseconds(timeout_ms));

@@ -614,6 +614,16 @@ TEST_F(KvMigration, HostileKvTransferCallsGetClearErrors) {
                         json{{"request_id", 1}, {"blocks", {1, 2}}, {"kv_tokens", 3}}.dump())),
             400);
   EXPECT_EQ(status(post(s0, "/kv/release", "{\"request_id\": 1}")), 409);
+  // Integers exactly: no truncation of large values into valid block ids, no fractions, and a
+  // wrongly typed option is a 400, not a 500.
+  EXPECT_EQ(
+      status(post(s1, "/kv/export",
+                  json{{"request_id", 1}, {"blocks", {4294967297ull}}, {"kv_tokens", 3}}.dump())),
+      400);
+  EXPECT_EQ(status(post(s1, "/kv/export",
+                        json{{"request_id", 1}, {"blocks", {1}}, {"kv_tokens", 1.5}}.dump())),
+            400);
+  EXPECT_EQ(status(post(s0, "/kv/drain", "{\"timeout_ms\": \"soon\"}")), 400);
   // Pull: only from an http:// stage; a stage that does not answer is a 502 naming it.
   const json pull{{"request_id", 1}, {"blocks", {0}}, {"kv_tokens", 3}};
   json bad_from = pull;
@@ -621,6 +631,8 @@ TEST_F(KvMigration, HostileKvTransferCallsGetClearErrors) {
   EXPECT_EQ(status(post(t, "/kv/pull", bad_from.dump())), 400);
   json dead = pull;
   dead["from"] = "http://127.0.0.1:" + std::to_string(unique_port());
+  dead["timeout_ms"] = "2000";
+  EXPECT_EQ(status(post(t, "/kv/pull", dead.dump())), 400);
   dead["timeout_ms"] = 2000;
   auto d = post(t, "/kv/pull", dead.dump());
   EXPECT_EQ(status(d), 502);
