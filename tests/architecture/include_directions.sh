@@ -50,7 +50,7 @@ done
 rules=(
   "common|common|common is the base every part shares: it uses nothing of thaw's above it"
   "vmm|vmm common|common ← vmm ← daemon: vmm is a library the daemon links"
-  "daemon|daemon vmm common|common ← vmm ← daemon; the daemon shares only common/proto with the coordinator"
+  "daemon|daemon vmm common bpf|common ← vmm ← daemon; the daemon shares only common/proto with the coordinator, and bpf/ (its traffic classifier and the class header both sides compile) only with itself"
   "preload|preload common|common ← preload: the shim is loaded into engines and shares only common/ with thawd"
   "coordinator/policy|coordinator/policy common|common ← coordinator/policy: policies are pure functions of a cluster snapshot, shared with sim/"
   "coordinator/cluster|coordinator/cluster coordinator/policy common|coordinator/cluster is state and decisions without sockets: it uses policy/, not server/"
