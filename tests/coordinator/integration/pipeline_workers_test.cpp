@@ -144,17 +144,32 @@ class PipelineWorkers : public ::testing::Test {
     auto r = run({THAW_COORDINATOR_PATH, "keygen", prefix.string()});
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
-  void start_coordinator() {
+  void start_coordinator(const std::vector<std::string>& extra = {}) {
     // Worker ports from a range this run is unlikely to share with another test's, below the
     // ephemeral range (32768..): a stage connecting to a peer that is not listening yet could
     // otherwise be given that very port as its source and connect to itself.
     const int base = 20000 + static_cast<int>(::getpid() % 700) * 16;
-    coordinator_ = spawn(
-        {THAW_COORDINATOR_PATH, "serve", "--nodes", node_endpoint_, "--frontend", frontend_,
-         "--key", (dir_.path() / "coordinator.key").string(), "--allow",
-         (dir_.path() / "nodes.d").string(), "--heartbeat", "250ms", "--liveness", "8",
-         "--launch-workers", "--worker-ports", std::to_string(base), "--worker-port-count", "64"},
-        {}, dir_.path() / "coordinator.log");
+    std::vector<std::string> argv = {THAW_COORDINATOR_PATH,
+                                     "serve",
+                                     "--nodes",
+                                     node_endpoint_,
+                                     "--frontend",
+                                     frontend_,
+                                     "--key",
+                                     (dir_.path() / "coordinator.key").string(),
+                                     "--allow",
+                                     (dir_.path() / "nodes.d").string(),
+                                     "--heartbeat",
+                                     "250ms",
+                                     "--liveness",
+                                     "8",
+                                     "--launch-workers",
+                                     "--worker-ports",
+                                     std::to_string(base),
+                                     "--worker-port-count",
+                                     "64"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    coordinator_ = spawn(argv, {}, dir_.path() / "coordinator.log");
     ASSERT_TRUE(eventually([&] { return state().contains("nodes"); }, 10s)) << coordinator_log();
   }
   std::string coordinator_log() const { return slurp(dir_.path() / "coordinator.log"); }
@@ -202,6 +217,18 @@ class PipelineWorkers : public ::testing::Test {
       return {};
     }
     return json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int>>();
+  }
+
+  // The first choice of a greedy completion, as the engine answered it.
+  static json complete_choice(const std::string& url, const std::vector<int>& prompt,
+                              int max_tokens) {
+    httplib::Client c(url);
+    c.set_read_timeout(std::chrono::seconds(60));
+    json body{
+        {"prompt", prompt}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"temperature", 0}};
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    if (!r || r->status != 200) return json{{"error", r ? r->body : httplib::to_string(r.error())}};
+    return json::parse(r->body)["choices"][0];
   }
 
   // One worker with the whole model, straight from the registry's copy (no thaw): the answer.
@@ -416,6 +443,49 @@ TEST_F(PipelineWorkers, ARequestInFlightDuringTheHandOverFinishesOnThePipeline) 
       << diagnostics();
   const std::string standalone = plan(id)["placement"][0].value("standalone_url", "");
   EXPECT_EQ(complete(standalone, prompt, 48), expected);
+}
+
+}  // namespace
+}  // namespace thaw::testing
+
+namespace thaw::testing {
+namespace {
+
+// --handover kv-transfer: the coordinator migrates a request in flight on the pipeline with
+// its KV cache into the standalone worker (refengine_kv_migrate); stage 0 answers its caller
+// "migrated" with the request id, and the standalone worker's /kv/result has the whole
+// answer: one worker's tokens. (Fetching the rest for the client is the gateway's part.)
+TEST_F(PipelineWorkers, KvTransferMovesARequestInFlightToTheStandaloneWorker) {
+  start_coordinator({"--handover", "kv-transfer"});
+  for (const char* id : {"node-a", "node-b"}) add_node(id, {"--step-delay-ms", "25"});
+  ASSERT_TRUE(both_alive()) << diagnostics();
+  const std::vector<int> prompt = {464, 2068, 758, 2183, 1804, 625, 262};
+  const std::vector<int> expected = single_worker("464,2068,758,2183,1804,625,262", 64);
+  ASSERT_EQ(expected.size(), 64u);
+  const json p = deploy_and_cold_start();
+  ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
+  const std::string id = p["id"];
+  const std::string url = serving_url(id);
+  ASSERT_FALSE(url.empty()) << diagnostics();
+
+  const json choice = complete_choice(url, prompt, 64);
+  ASSERT_TRUE(eventually([&] { return plan(id).value("phase", "") == "PHASE_CONSOLIDATED"; }, 60s))
+      << diagnostics();
+  const std::string log = coordinator_log();
+  EXPECT_NE(log.find("hand-over by KV migration"), std::string::npos) << log;
+  EXPECT_NE(log.find("hand-over done"), std::string::npos) << log;
+  ASSERT_EQ(choice.value("finish_reason", ""), "migrated")
+      << "the request finished before the hand-over; the test needs a slower decode\n"
+      << choice.dump() << "\n"
+      << log;
+  const std::string standalone = plan(id)["placement"][0].value("standalone_url", "");
+  httplib::Client full(standalone);
+  full.set_read_timeout(std::chrono::seconds(60));
+  auto r = full.Get(fmt::format("/kv/result?request_id={}&timeout_ms=30000",
+                                choice["request_id"].get<std::uint64_t>()));
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer") << diagnostics();
+  const json result = json::parse(r->body);
+  EXPECT_EQ(result["token_ids"].get<std::vector<int>>(), expected) << r->body;
 }
 
 }  // namespace
