@@ -520,6 +520,40 @@ TEST_F(KvMigration, DrainFinishesOnThePipelineRefusesNewRequestsThenStops) {
   EXPECT_EQ(pp.stages[1]->wait_exit(30000), 0) << pp.logs();
 }
 
+// refengine-migrate, the operators' CLI over the same library: one JSON line per moved
+// request with its whole answer (--wait); a clear error and status 1 when a node is down.
+TEST_F(KvMigration, TheCliMovesARequestAndPrintsItsAnswer) {
+  Serve target({}, 5);
+  Pipeline pp(2, {"--step-delay-ms", "25"});
+  ASSERT_TRUE(target.ready()) << target.log();
+  ASSERT_TRUE(pp.ready()) << pp.logs();
+  const auto want = reference(target, kLong);
+  const std::string s0 = pp.stages[0]->url();
+  auto client = std::async(std::launch::async, [&] { return complete(s0, kPrompts[0], kLong); });
+  ASSERT_TRUE(wait_generating(s0, 1, 3).is_object()) << pp.logs();
+  const fs::path out =
+      fs::temp_directory_path() / ("refengine_migrate_" + std::to_string(::getpid()));
+  const std::string cli = quote(REFENGINE_MIGRATE_BIN);
+  int status = std::system((cli + " --stages " + s0 + "," + pp.stages[1]->url() + " --to " +
+                            target.url() + " --wait >" + quote(out.string()))
+                               .c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const auto lines = json_lines(read_file(out));
+  ASSERT_EQ(lines.size(), 1u) << read_file(out);
+  EXPECT_EQ(lines[0]["how"], "kv");
+  EXPECT_EQ(lines[0]["token_ids"].get<Tokens>(), want[0]);
+  EXPECT_EQ(client.get()["choices"][0]["finish_reason"], "migrated");
+  // A full worker that is not there.
+  const std::string dead = "http://127.0.0.1:" + std::to_string(unique_port());
+  status = std::system(
+      (cli + " --stages " + s0 + " --to " + dead + " 2>" + quote(out.string())).c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_NE(read_file(out).find(dead), std::string::npos) << read_file(out);
+  fs::remove(out);
+}
+
 // A request that reached stage 0 but was never scheduled (no KV yet) moves as a prompt retry.
 TEST_F(KvMigration, AWaitingRequestMovesAsAPromptRetry) {
   Serve target({}, 5);
