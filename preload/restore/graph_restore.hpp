@@ -36,8 +36,9 @@
 //     after every check is made again at that moment (layout followed, allocation index equal
 //     now, pointers live now, the same kernel functions, the same context, the same
 //     instantiate flags — the record has none: the worker guesses PyTorch's
-//     AUTO_FREE_ON_LAUNCH until the engine asks with its own); otherwise it is destroyed and
-//     the request goes on as if there had been none (it builds, or refuses saying why);
+//     AUTO_FREE_ON_LAUNCH | USE_NODE_PRIORITY until the engine asks with its own); otherwise it is
+//     destroyed and the request goes on as if there had been none (it builds, or refuses saying
+//     why);
 //   - what nobody asked for is destroyed at shutdown() (exit), which joins the worker.
 // Without identity_known() (the unit tests that do not call it) everything happens at the
 // request, as before. Graphs are built with the kernel parameters pointing into the recorded
@@ -301,7 +302,9 @@ class GraphRestore {
   bool uses_abi_ = false;
   CUcontext engine_ctx_ = nullptr;  // the context of the last module image loaded
   std::uint64_t loads_ = 0;         // images loaded (a retry's condition)
-  unsigned long long flags_guess_ = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+  // PyTorch's CUDAGraph::capture_end flags, until the engine instantiates with its own.
+  unsigned long long flags_guess_ = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                    CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
   std::map<std::string, Prebuilt, std::less<>> prebuilt_;
   std::set<std::string, std::less<>> asked_;  // labels requested: the worker leaves them
   // Labels the worker tried and could not build: at (allocations, loads).

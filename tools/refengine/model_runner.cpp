@@ -344,7 +344,9 @@ StepResult ModelRunner::execute(const StepBatch& b, const float* hidden_in,
 std::vector<ModelRunner::GraphOutcome> ModelRunner::capture_graphs(std::vector<int> sizes,
                                                                    int warmups,
                                                                    const GraphSource* source) {
-  constexpr unsigned long long kFlags = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+  // PyTorch's CUDAGraph::capture_end flags (vLLM captures through it).
+  constexpr unsigned long long kFlags = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                        CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
   std::sort(sizes.rbegin(), sizes.rend());  // largest first, as vLLM does
   std::vector<GraphOutcome> outcomes;
   for (int size : sizes) {

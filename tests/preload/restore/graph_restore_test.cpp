@@ -338,7 +338,9 @@ TEST(GraphRestore, AGraphTheDriverWillNotInstantiateIsAMismatch) {
 
 // --- The background worker ---
 
-constexpr unsigned long long kAutoFree = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+// PyTorch's instantiate flags: what the worker guesses before an engine has asked.
+constexpr unsigned long long kPyTorchFlags =
+    CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
 const CUgraphExec kPrebuilt = handle<CUgraphExec>(0xb0);
 
 // The run as the worker sees it from its own thread: atomics.
@@ -411,7 +413,7 @@ TEST(GraphRestoreBackground, TheRecordIsFetchedAsSoonAsTheIdentityIsComplete) {
   ASSERT_TRUE(eventually([&] { return b.fetches == 1; }));
   b.allocations = 5;
   FakeDriver d;
-  const auto r = restore.restore(d, "decode batch=1", kAutoFree);
+  const auto r = restore.restore(d, "decode batch=1", kPyTorchFlags);
   ASSERT_EQ(r.status, GraphStatus::ok) << r.why;
   EXPECT_FALSE(r.prebuilt);
   EXPECT_EQ(b.fetches, 1) << "the request used the record the worker fetched";
@@ -431,10 +433,10 @@ TEST(GraphRestoreBackground, AGraphIsPrebuiltOnceItsIndexIsReachedAndHandedOut) 
   EXPECT_EQ(restore.prebuilt_labels(), std::vector<std::string>{"decode batch=1"});
   EXPECT_TRUE(b.worker->relaxed) << "the worker's capture mode is RELAXED";
   EXPECT_EQ(b.worker->set_context, handle<CUcontext>(0xc0)) << "in the engine's context";
-  EXPECT_EQ(b.worker->instantiated_flags, kAutoFree);
+  EXPECT_EQ(b.worker->instantiated_flags, kPyTorchFlags);
 
   FakeDriver d;
-  const auto r = restore.restore(d, "decode batch=1", kAutoFree);
+  const auto r = restore.restore(d, "decode batch=1", kPyTorchFlags);
   ASSERT_EQ(r.status, GraphStatus::ok) << r.why;
   EXPECT_TRUE(r.prebuilt);
   EXPECT_EQ(r.exec, kPrebuilt);
@@ -447,7 +449,7 @@ TEST(GraphRestoreBackground, AGraphIsPrebuiltOnceItsIndexIsReachedAndHandedOut) 
   EXPECT_TRUE(b.worker->destroyed_execs.empty());
   EXPECT_TRUE(d.destroyed_execs.empty());
   // A second request builds anew on the caller's thread.
-  const auto again = restore.restore(d, "decode batch=1", kAutoFree);
+  const auto again = restore.restore(d, "decode batch=1", kPyTorchFlags);
   ASSERT_EQ(again.status, GraphStatus::ok) << again.why;
   EXPECT_FALSE(again.prebuilt);
   EXPECT_EQ(d.created, 1);
@@ -461,7 +463,7 @@ TEST(GraphRestoreBackground, APrebuiltGraphIsCheckedAgainWhenAskedFor) {
   ASSERT_TRUE(eventually([&] { return !restore.prebuilt_labels().empty(); }));
   b.allocations = 6;  // the engine allocated after the pre-build
   FakeDriver d;
-  const auto r = restore.restore(d, "decode batch=1", kAutoFree);
+  const auto r = restore.restore(d, "decode batch=1", kPyTorchFlags);
   EXPECT_EQ(r.status, GraphStatus::mismatch);
   EXPECT_EQ(r.why, "the graph was captured after 5 allocations, this run has made 6");
   EXPECT_EQ(d.destroyed_execs, std::vector<CUgraphExec>{kPrebuilt}) << "discarded";
@@ -477,7 +479,7 @@ TEST(GraphRestoreBackground, APrebuiltGraphIsDiscardedWhenTheRunLeftItsLayout) {
   ASSERT_TRUE(eventually([&] { return !restore.prebuilt_labels().empty(); }));
   b.left = true;
   FakeDriver d;
-  const auto r = restore.restore(d, "decode batch=1", kAutoFree);
+  const auto r = restore.restore(d, "decode batch=1", kPyTorchFlags);
   EXPECT_EQ(r.status, GraphStatus::stale);
   EXPECT_EQ(d.destroyed_execs, std::vector<CUgraphExec>{kPrebuilt});
   bool said = false;
@@ -535,7 +537,7 @@ TEST(GraphRestoreBackground, WithoutAWorkerDriverEverythingHappensAtTheRequest) 
   start(restore);
   EXPECT_EQ(b.fetches, 0);
   FakeDriver d;
-  const auto r = restore.restore(d, "decode batch=1", kAutoFree);
+  const auto r = restore.restore(d, "decode batch=1", kPyTorchFlags);
   ASSERT_EQ(r.status, GraphStatus::ok) << r.why;
   EXPECT_FALSE(r.prebuilt);
   EXPECT_EQ(b.fetches, 1);
@@ -618,9 +620,9 @@ TEST(GraphRestoreTransparent, RefusalsSayWhy) {
   {  // a copy from host memory: not elided (only device-to-device copies are)
     Fixture f;
     GraphRecord r = kernel_chain_record(5);
-    r.graphs[0].nodes[1] = {NodeType::memcpy, std::nullopt, std::nullopt,
-                            MemcpyNode{kBase, kBase + 0x100, 16, CU_MEMORYTYPE_HOST,
-                                       CU_MEMORYTYPE_DEVICE}};
+    r.graphs[0].nodes[1] = {
+        NodeType::memcpy, std::nullopt, std::nullopt,
+        MemcpyNode{kBase, kBase + 0x100, 16, CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE}};
     f.text = graph_record_to_json(r);
     GraphRestore restore(f.env());
     restore.enable_transparent(true);
