@@ -63,8 +63,8 @@ if [[ -n $ONE ]]; then
     "$BOX_GATEWAY/v1/completions" -H 'Content-Type: application/json' \
     -d "{\"model\":\"$name\",\"prompt\":$PROMPT,\"max_tokens\":4,\"ignore_eos\":true}") || true
   [[ ${out%% *} == 200 ]] || die "$ONE: the gateway answered ${out:-nothing}: $(cat "$BOX_WORK/answer.json" 2>/dev/null)"
-  tokens=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["choices"][0]["token_ids"])))' "$BOX_WORK/answer.json")
-  stages=$(cluster state | python3 -c 'import json,sys; print(max([p["stages"] for p in json.load(sys.stdin).get("plans", [])] or [0]))')
+  tokens=$(/usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["choices"][0]["token_ids"])))' "$BOX_WORK/answer.json")
+  stages=$(cluster state | /usr/bin/python3 -c 'import json,sys; print(max([p["stages"] for p in json.load(sys.stdin).get("plans", [])] or [0]))')
   printf '%s\t%s\t%s\t%s\n' "$ONE" "$stages" "${out#* }" "$tokens"
   exit 0
 fi
@@ -92,7 +92,7 @@ for ((r = 1; r <= REPEATS; r++)); do
 done
 echo
 echo "== cold start, one request through thaw-gateway: $MODEL ($BYTES bytes, $LAYERS layers) on $NODES nodes, links $RATE each way, $REPEATS rounds =="
-python3 - "$RESULTS" <<'PY'
+/usr/bin/python3 - "$RESULTS" <<'PY'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 by = {}

@@ -34,7 +34,7 @@ defer "rm -rf '$EMU_DIR'"
 REF=$(env REFENGINE_LIBCUDA="$LIBCUDA" THAW_EMU_KERNELS="$TWINS" THAW_EMU_DEVICE_MEMORY=1G \
   THAW_EMU_STATE_DIR="$EMU_DIR" "$REFENGINE" generate --model "$MODELS/$MODEL" --tokens "$PROMPT" \
   --max-tokens "$MAX_TOKENS" --ignore-eos --json $ENGINE_FLAGS 2>"$WORK/ref.err" |
-  python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["tokens"])') ||
+  /usr/bin/python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["tokens"])') ||
   die "the single-engine reference run failed: $(tail -3 "$WORK/ref.err")"
 log "single engine: $REF"
 
@@ -65,9 +65,9 @@ if [[ $CODE != 200 ]]; then
   tail -n 5 "$BOX_WORK"/n*/state/workers/*.log >&2 2>/dev/null || true
   die "the cold start through the gateway did not answer"
 fi
-GOT=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["choices"][0]["token_ids"])' "$BODY")
+GOT=$(/usr/bin/python3 -c 'import json,sys; print(json.loads(sys.argv[1])["choices"][0]["token_ids"])' "$BODY")
 log "cluster cold start answered in $(printf '%.2f' "$(elapsed "$t0" "$t1")") s: $GOT"
-PLAN=$(cluster state | python3 -c 'import json,sys
+PLAN=$(cluster state | /usr/bin/python3 -c 'import json,sys
 for p in json.load(sys.stdin).get("plans", []):
     print(len(p.get("placement", [])), "stage(s) on", ",".join(s.get("node_id", "?") for s in p.get("placement", [])))')
 log "plan: $PLAN"

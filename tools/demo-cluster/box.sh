@@ -277,7 +277,7 @@ TOML
 box_wait_nodes() {
   local want=$1 t alive
   for ((t = 0; t < 300; t++)); do
-    alive=$(cluster state 2>/dev/null | python3 -c 'import json,sys
+    alive=$(cluster state 2>/dev/null | /usr/bin/python3 -c 'import json,sys
 print(sum(1 for n in json.load(sys.stdin).get("nodes", []) if n.get("alive")))' 2>/dev/null || echo 0)
     ((alive >= want)) && return 0
     sleep 0.1
@@ -323,14 +323,20 @@ box_binaries() {
 # box_publish_model ROOT NAME GENMODEL_FLAGS...: a synthetic model generated and published
 # (thaw-fetch publish) into ROOT/NAME once; reused while its manifest is there.
 box_publish_model() {
-  local root=$1 name=$2
+  local root=$1 name=$2 new
   shift 2
   [[ -f $root/$name/thaw-manifest.json ]] && return 0
   log "generating model $name ($*)"
-  rm -rf "${root:?}/$name" "$root/$name.new"
-  "$GENMODEL" --size custom "$@" --shard-size 200MB --out "$root/$name.new" --quiet >/dev/null
-  "$THAW_FETCH_BIN" publish --chunk-size 1MiB --quiet "$root/$name.new"
-  mv -T "$root/$name.new" "$root/$name"
+  # Written aside and renamed into place: a concurrent box (ctest -j) never sees half of it.
+  # (A box killed while writing leaves its aside directory: gone after 10 minutes.)
+  find "$root" -maxdepth 1 -name ".$name.*" -mmin +10 -exec rm -rf {} + 2>/dev/null || true
+  new=$(mktemp -d "$root/.$name.XXXXXX")
+  defer "rm -rf '$new'"
+  "$GENMODEL" --size custom "$@" --shard-size 200MB --out "$new/$name" --quiet >/dev/null
+  "$THAW_FETCH_BIN" publish --chunk-size 1MiB --quiet "$new/$name"
+  chmod 755 "$new/$name"
+  mv -T "$new/$name" "$root/$name" 2>/dev/null || true  # a concurrent box may have won
+  [[ -f $root/$name/thaw-manifest.json ]] || die "model $name: not published in $root"
 }
 model_bytes() {  # model_bytes DIR: the weight files' bytes (the manifest excluded)
   find "$1" -maxdepth 1 -type f ! -name thaw-manifest.json -printf '%s\n' | awk '{s += $1} END {print s}'

@@ -66,7 +66,7 @@ box_gateway --hold-deadline 60s --hold-queue 256 --upstream-timeout 120s
 LINK_BPS=$(rate_bps "$RATE")
 for m in "${MODEL_LIST[@]}"; do
   bytes=$(model_bytes "$ROOT/$m$SUFFIX")
-  layers=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["n_layer"])' "$ROOT/$m$SUFFIX/config.json")
+  layers=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["n_layer"])' "$ROOT/$m$SUFFIX/config.json")
   if [[ $MODE == thaw ]]; then
     # TTFT SLO: 60 % of one worker's whole download over the node link, plus 0.5 s of start-up:
     # below what one worker can do, so Alg. 1 spreads a model over several nodes where the
@@ -82,14 +82,14 @@ done
 
 log "$MODE: replaying the trace through the gateway"
 # shellcheck disable=SC2086  # CLIENT_FLAGS is a list of flags
-in_ns "$BOX-ctl" python3 "$BOX_LIB_DIR/trace_client.py" --gateway "$BOX_GATEWAY" \
+in_ns "$BOX-ctl" /usr/bin/python3 "$BOX_LIB_DIR/trace_client.py" --gateway "$BOX_GATEWAY" \
   --models "$MODELS" --model-suffix="$SUFFIX" --out "$OUT/requests.jsonl" $CLIENT_FLAGS
 
 # Warm: the same workers, one request at a time.
 : >"$OUT/warm.jsonl"
 for m in "${MODEL_LIST[@]}"; do
   for n in 1 8; do
-    in_ns "$BOX-ctl" python3 - "$BOX_GATEWAY" "$m$SUFFIX" "$n" "$m" >>"$OUT/warm.jsonl" <<'PY'
+    in_ns "$BOX-ctl" /usr/bin/python3 - "$BOX_GATEWAY" "$m$SUFFIX" "$n" "$m" >>"$OUT/warm.jsonl" <<'PY'
 import http.client, json, sys, time, urllib.parse
 u = urllib.parse.urlsplit(sys.argv[1])
 body = {"model": sys.argv[2], "prompt": [5, 6, 7, 8, 9, 10, 11, 12], "max_tokens": int(sys.argv[3]),

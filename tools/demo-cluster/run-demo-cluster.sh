@@ -96,6 +96,6 @@ done
 NOTES+=("not shown here: consolidation into a full-memory worker and scale-up run in the coordinator as the trace goes, but the demo does not measure tokens/s before/after them (bench/cluster/README.md)")
 note_args=()
 for n in "${NOTES[@]}"; do note_args+=(--note "$n"); done
-python3 "$SCRIPT_DIR/report.py" "$OUT" "${note_args[@]}"
+/usr/bin/python3 "$SCRIPT_DIR/report.py" "$OUT" "${note_args[@]}"
 echo "summary: $OUT/summary.md, $OUT/summary.json; timeline picture: $OUT/timeline.svg"
 exit "$status"
