@@ -45,9 +45,11 @@ class Node {
       : dir_(dir), id_(std::move(id)) {
     std::filesystem::create_directories(dir_);
     bus_ = std::make_unique<PrivateBus>(dir_);
+    // [network] first: extra_config continues [coordinator]. No test shapes the machine's
+    // real uplink (a root thawd on a node with a NIC and a default route would).
     std::ofstream(dir_ / "thawd.toml")
-        << "[node]\nid = \"" << id_ << "\"\nstate_dir = \"" << (dir_ / "state").string()
-        << "\"\n[store]\ncache_dir = \"" << (dir_ / "cache").string()
+        << "[network]\nshaping = false\n[node]\nid = \"" << id_ << "\"\nstate_dir = \""
+        << (dir_ / "state").string() << "\"\n[store]\ncache_dir = \"" << (dir_ / "cache").string()
         << "\"\ncache_budget = \"256MiB\"\nregistry = \"" << registry
         << "\"\nconnections = 2\n[gpu]\npool_share = 0.5\n[shim]\nsocket = \""
         << (dir_ / "thawd.sock").string() << "\"\n[dbus]\nbus = \"" << bus_->address()
