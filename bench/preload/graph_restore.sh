@@ -36,19 +36,23 @@
 # issue's target: >= 30). Both runs must produce the same tokens, and the second must have
 # restored every size, or the script fails.
 #
-# Usage: bench/preload/graph_restore.sh [--size medium|small|large] [--warmups N] [--no-build]
+# Usage: bench/preload/graph_restore.sh [--size medium|small|large] [--warmups N] [--no-build] [--no-first-token]
 #   --no-build use the build tree as it is (build/default, or $BUILD)
+#   --no-first-token skip the last part: bench/preload/first_token.sh (start -> first token of a
+#              zero-copy + engine-assisted start against a cold start), run with the same --size
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SIZE=medium
 WARMUPS=1
 DO_BUILD=1
+FIRST_TOKEN=1
 while [[ $# -gt 0 ]]; do
   case $1 in
     --size) SIZE=$2; shift 2 ;;
     --warmups) WARMUPS=$2; shift 2 ;;
     --no-build) DO_BUILD=0; shift ;;
-    *) echo "usage: $0 [--size medium|small|large] [--warmups N] [--no-build]" >&2; exit 2 ;;
+    --no-first-token) FIRST_TOKEN=0; shift ;;
+    *) echo "usage: $0 [--size medium|small|large] [--warmups N] [--no-build] [--no-first-token]" >&2; exit 2 ;;
   esac
 done
 # shellcheck source=bench/preload/restore_lib.sh
@@ -152,3 +156,11 @@ EOP
 EOS
 
 restore_bench_node GR_WARMUPS=$WARMUPS GR_KEEP=$WORK
+
+# The issue's last figure in the same run: start -> first token with the weights zero-copy and
+# the KV size and graphs restored through the ABI, against a cold start from the local cache
+# (its own node; the build above is reused).
+if ((FIRST_TOKEN)); then
+  echo
+  "$REPO_ROOT/bench/preload/first_token.sh" --size "$SIZE" --no-build
+fi
