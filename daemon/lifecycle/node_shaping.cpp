@@ -117,6 +117,11 @@ bool NodeShaping::enabled() const {
   return backend_ != nullptr;
 }
 
+std::uint64_t NodeShaping::link_bytes_per_s() const {
+  std::lock_guard lock(mutex_);
+  return resolved_.link_bytes_per_s;
+}
+
 NetStatus NodeShaping::status() const {
   std::lock_guard lock(mutex_);
   NetStatus out = status_;

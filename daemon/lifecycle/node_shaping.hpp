@@ -60,6 +60,9 @@ class NodeShaping {
   NodeShaping& operator=(const NodeShaping&) = delete;
 
   bool enabled() const;
+  // The uplink's rate as resolved ([network] link_rate, else the driver's); 0 when unknown
+  // or [network] shaping = false.
+  std::uint64_t link_bytes_per_s() const;
   NetStatus status() const;
   // Applies the coordinator's rates (checked against this node's link first). Without
   // shaping they are recorded for status() and the call succeeds: the coordinator cannot

@@ -278,7 +278,10 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
   agent.node_id = node_id;
   agent.node_key = *node_key;
   agent.coordinator_public_z85 = *server_key;
-  agent.network_bytes_per_s = c.network_bytes_per_s;
+  // HydraServe's B: coordinator.network, else the uplink's rate [network] resolved (its
+  // setting or what the driver reports), else 0 (the coordinator assumes 16 Gbit/s).
+  agent.network_bytes_per_s =
+      c.network_bytes_per_s > 0 ? c.network_bytes_per_s : shaping_->link_bytes_per_s();
   agent.pcie_bytes_per_s = c.pcie_bytes_per_s;
   agent.on_class_rates = [shaping = shaping_.get()](const v1::ClassRates& r) {
     CoordinatorRates rates;

@@ -58,6 +58,7 @@ TEST(NodeShaping, StartsTheShaperWithTheResolvedRatesAndStopsIt) {
     auto s = NodeShaping::start(settings, Probe{}, std::make_unique<FakeShaper>(rec));
     ASSERT_TRUE(s) << s.error();
     EXPECT_TRUE((*s)->enabled());
+    EXPECT_EQ((*s)->link_bytes_per_s(), 1'000'000'000u);  // the agent reports it as B
     ASSERT_EQ(rec.started.size(), 1u);
     const network::ShapingSettings& st = rec.started[0];
     EXPECT_EQ(st.uplink, "eth0");
@@ -82,6 +83,7 @@ TEST(NodeShaping, WithoutCapabilitiesItRunsWithoutTheShaperAndSaysWhy) {
   auto s = NodeShaping::start(NetworkSettings{}, probe, std::make_unique<FakeShaper>(rec));
   ASSERT_TRUE(s);
   EXPECT_FALSE((*s)->enabled());
+  EXPECT_EQ((*s)->link_bytes_per_s(), 1'000'000'000u) << "known even where it cannot shape";
   EXPECT_TRUE(rec.started.empty());
   EXPECT_NE((*s)->status().detail.find("lacks CAP_BPF CAP_NET_ADMIN"), std::string::npos);
   // The coordinator's rates are still recorded (it cannot know), and nothing fails.
