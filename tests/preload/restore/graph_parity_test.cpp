@@ -60,8 +60,9 @@ class GraphParity : public ThawdFixture {
 
   fs::path model() const { return dir_.path() / "cache" / "gpt-syn"; }
 
-  // Under the shim with --thaw-restore, or (`thaw` false) the engine alone, as a user runs it.
-  ParityRun run(const std::string& tag, bool thaw = true) {
+  // Under the shim with --thaw-restore (`assisted`) or without (an unmodified engine: the shim
+  // restores transparently), or (`thaw` false) the engine alone, as a user runs it.
+  ParityRun run(const std::string& tag, bool thaw = true, bool assisted = true) {
     const fs::path shim_log = dir_.path() / (tag + ".shim.log");
     const fs::path logits = dir_.path() / (tag + ".logits.json");
     const fs::path dump = dir_.path() / (tag + ".graphs.json");
@@ -72,7 +73,7 @@ class GraphParity : public ThawdFixture {
     ParityRun r;
     std::vector<std::string> args = {"--cuda-graph-sizes", "1,2,4",         "--logits-out",
                                      logits.string(),      "--dump-graphs", dump.string()};
-    if (thaw) args.push_back("--thaw-restore");
+    if (thaw && assisted) args.push_back("--thaw-restore");
     r.engine = refengine_test::run_engine(refengine_test::small_generate_args(model(), args), env);
     r.shim_log = thaw::testing::slurp(shim_log);
     r.logits = thaw::testing::slurp(logits);
@@ -197,6 +198,32 @@ TEST_F(GraphParity, AssistedRestoreIsNodeForNodeTheLiveCapture) {
     EXPECT_NE(joined(d).find("batch size 2: missing"), std::string::npos) << joined(d);
     EXPECT_NE(joined(d).find("batch size 4: "), std::string::npos) << joined(d);
   }
+  EXPECT_EQ(stop_thawd(), 0) << log();
+}
+
+// The transparent restore (no engine change): the engine captures as usual, the shim checks its
+// launches against the record and hands back the graph and exec it built from it. The exec the
+// engine launches is node for node and edge for edge what a live capture gave, parameter bytes
+// included, with the same tokens and logits.
+TEST_F(GraphParity, TransparentRestoreIsNodeForNodeTheLiveCapture) {
+  const ParityRun live = run("live", true, false);
+  expect_every_size(live, "captured");
+  const ParityRun restored = run("transparent", true, false);
+  expect_every_size(restored, "captured");  // the engine did capture: elided underneath
+  // Every capture was elided (not a live capture that happens to be equal).
+  EXPECT_NE(restored.shim_log.find("graph restore summary: captures=3 transparent=3 fallbacks=0"),
+            std::string::npos)
+      << restored.shim_log;
+  ASSERT_TRUE(live.graphs.is_object()) << live.all();
+  ASSERT_TRUE(restored.graphs.is_object()) << restored.all();
+  EXPECT_EQ(live.graphs.size(), 3u);
+  const auto diffs = graph_dump_differences(live.graphs, restored.graphs);
+  EXPECT_TRUE(diffs.empty()) << joined(diffs);
+  EXPECT_EQ(live.graphs, restored.graphs);
+  EXPECT_EQ(restored.tokens(), live.tokens());
+  EXPECT_FALSE(live.logits.empty());
+  EXPECT_TRUE(restored.logits == live.logits)
+      << "logits of the transparently restored graphs differ";
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
