@@ -2,9 +2,11 @@
 # ctest cluster.box_smoke (root only; exit 77 = skipped, with the reason): a 2-node cluster in
 # a box (tools/demo-cluster/box.sh) — nodes in network namespaces behind HTB-shaped veth
 # links, nginx registry, thawd per node on the emulator, coordinator launching workers,
-# thaw-gateway — cold-starts one model through the gateway, which must answer with the tokens
-# a single engine run of the same model gives; then everything is torn down and nothing of
-# the box may be left (namespaces, processes, directories).
+# thaw-gateway — cold-starts one model through the gateway as a 2-stage pipeline (a TTFT SLO
+# Alg. 1 meets only with two stages: one stage per node's GPU); the first request must be
+# answered with the tokens a single engine run of the model gives. Then
+# everything is torn down and nothing of the box may be left (namespaces, processes,
+# directories).
 #
 # usage: box_smoke_test.sh BUILD_DIR
 # shellcheck source=tools/demo-cluster/box.sh
@@ -38,40 +40,48 @@ REF=$(env REFENGINE_LIBCUDA="$LIBCUDA" THAW_EMU_KERNELS="$TWINS" THAW_EMU_DEVICE
   die "the single-engine reference run failed: $(tail -3 "$WORK/ref.err")"
 log "single engine: $REF"
 
-export BOX_ENGINE_ARGS=$ENGINE_FLAGS BOX_EMU_MEMORY=1G
+export BOX_ENGINE_ARGS=$ENGINE_FLAGS BOX_EMU_MEMORY=1G BOX_LINK_BYTES=2.5MB
 box_network 2 1gbit
 box_registry "$MODELS" "$MODEL/config.json"
-box_coordinator --launch-workers --worker-ports 9100 --worker-port-count 64
+box_coordinator --launch-workers --worker-ports 9100 --worker-port-count 64 \
+  --fixed-startup-costs --t-cc 0.1 --t-cu 0.1 --t-l 0.3
 box_node 0
 box_node 1
 box_wait_nodes 2
 box_gateway --hold-deadline 40s
-cluster deploy "$MODEL" --size "$BYTES" --layers 4 >/dev/null || die "deploy failed"
+# An SLO between Alg. 1's predictions for one and two stages over the nodes' declared links (0.5 s start-up + M / (k b)). The nodes declare
+# 2.5 MB/s (BOX_LINK_BYTES) so that the tiny model's fetch time dominates Alg. 1's sums.
+SLO=$(awk -v m="$BYTES" 'BEGIN { printf "%.4f", 0.5 + 1.15 * m / 2.5e6 / 2 }')
+cluster deploy "$MODEL" --size "$BYTES" --layers 4 --ttft "$SLO" >/dev/null || die "deploy failed"
 
-t0=$(now)
-# shellcheck disable=SC2016
-ANSWER=$(in_ns "$BOX-ctl" curl -sS --max-time 50 -w '\n%{http_code}' "$BOX_GATEWAY/v1/completions" \
-  -H 'Content-Type: application/json' \
-  -d "{\"model\":\"$MODEL\",\"prompt\":[${PROMPT}],\"max_tokens\":$MAX_TOKENS,\"ignore_eos\":true}") ||
-  true
-t1=$(now)
-CODE=${ANSWER##*$'\n'}
-BODY=${ANSWER%$'\n'*}
-if [[ $CODE != 200 ]]; then
-  log "gateway answered $CODE: $BODY"
-  log "coordinator: $(tail -5 "$BOX_WORK/coordinator/coordinator.log")"
-  log "gateway: $(tail -5 "$BOX_WORK/gateway/gateway.log")"
-  for n in 0 1; do log "n$n thawd: $(tail -3 "$BOX_WORK/n$n/thawd.log")"; done
-  tail -n 5 "$BOX_WORK"/n*/state/workers/*.log >&2 2>/dev/null || true
-  die "the cold start through the gateway did not answer"
-fi
-GOT=$(/usr/bin/python3 -c 'import json,sys; print(json.loads(sys.argv[1])["choices"][0]["token_ids"])' "$BODY")
-log "cluster cold start answered in $(printf '%.2f' "$(elapsed "$t0" "$t1")") s: $GOT"
-PLAN=$(cluster state | /usr/bin/python3 -c 'import json,sys
+ask() {  # ask MODEL WANT_STAGES: one request through the gateway; checks stages and tokens
+  local model=$1 want=$2 t0 t1 answer code body got stages
+  t0=$(now)
+  answer=$(in_ns "$BOX-ctl" curl -sS --max-time 50 -w '\n%{http_code}' "$BOX_GATEWAY/v1/completions" \
+    -H 'Content-Type: application/json' \
+    -d "{\"model\":\"$model\",\"prompt\":[${PROMPT}],\"max_tokens\":$MAX_TOKENS,\"ignore_eos\":true}") ||
+    true
+  t1=$(now)
+  code=${answer##*$'\n'}
+  body=${answer%$'\n'*}
+  if [[ $code != 200 ]]; then
+    log "gateway answered $code: $body"
+    log "coordinator: $(tail -5 "$BOX_WORK/coordinator/coordinator.log")"
+    log "gateway: $(tail -5 "$BOX_WORK/gateway/gateway.log")"
+    for n in 0 1; do log "n$n thawd: $(tail -3 "$BOX_WORK/n$n/thawd.log")"; done
+    tail -n 5 "$BOX_WORK"/n*/state/workers/*.log >&2 2>/dev/null || true
+    die "the cold start of $model through the gateway did not answer"
+  fi
+  got=$(/usr/bin/python3 -c 'import json,sys; print(json.loads(sys.argv[1])["choices"][0]["token_ids"])' "$body")
+  stages=$(cluster state | /usr/bin/python3 -c 'import json,sys
 for p in json.load(sys.stdin).get("plans", []):
-    print(len(p.get("placement", [])), "stage(s) on", ",".join(s.get("node_id", "?") for s in p.get("placement", [])))')
-log "plan: $PLAN"
-[[ $GOT == "$REF" ]] || die "the cluster answered $GOT, the single engine $REF"
+    if p["model"] == sys.argv[1]:
+        print(p["stages"], "stage(s) on", ",".join(s["node_id"] for s in p["placement"]))' "$model")
+  log "$model: cold start answered in $(printf '%.2f' "$(elapsed "$t0" "$t1")") s by $stages: $got"
+  [[ ${stages%% *} == "$want" ]] || die "$model: planned $stages, expected $want stage(s)"
+  [[ $got == "$REF" ]] || die "$model: the cluster answered $got, the single engine $REF"
+}
+ask "$MODEL" 2
 
 # Teardown, then nothing of the box may be left.
 box_under_test=$BOX
