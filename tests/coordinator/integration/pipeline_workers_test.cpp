@@ -249,21 +249,21 @@ class PipelineWorkers : public ::testing::Test {
     return {};
   }
 
-  bool both_alive() const {
+  bool both_alive(int nodes = 2) const {
     return eventually(
         [&] {
           const json s = state();
           int alive = 0;
           for (const json& n : s.value("nodes", json::array())) alive += n.value("alive", false);
-          return alive == 2;
+          return alive == nodes;
         },
         20s);
   }
 
   // Deploys the model with a TTFT SLO of 0.7 × M/b (one worker fetches M over 1 MB/s, two
   // stages M/2 each: Alg. 1 plans a pipeline) and cold-starts it; the plan.
-  json deploy_and_cold_start() {
-    const double slo = 0.7 * static_cast<double>(model_bytes_) / 1e6;
+  json deploy_and_cold_start(double slo_share = 0.7) {
+    const double slo = slo_share * static_cast<double>(model_bytes_) / 1e6;
     auto d = cluster({"deploy", kModel, "--size", std::to_string(model_bytes_), "--layers", "4",
                       "--ttft", std::to_string(slo)});
     EXPECT_EQ(d.exit_code, 0) << d.output;
@@ -486,6 +486,33 @@ TEST_F(PipelineWorkers, KvTransferMovesARequestInFlightToTheStandaloneWorker) {
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer") << diagnostics();
   const json result = json::parse(r->body);
   EXPECT_EQ(result["token_ids"].get<std::vector<int>>(), expected) << r->body;
+}
+
+}  // namespace
+}  // namespace thaw::testing
+
+namespace thaw::testing {
+namespace {
+
+// PP = 4 over four nodes: one layer per stage, every stage's worker on its own node wired to
+// the three others; the first request answers one worker's tokens. Start-up costs are fixed
+// at 0 here so that only the fetch decides Alg. 1: a TTFT SLO of 0.3 × M/b is met by four
+// stages (M/4b) and by no fewer.
+TEST_F(PipelineWorkers, APp4ColdStartAnswersLikeOneWorker) {
+  start_coordinator({"--t-cc", "0", "--t-cu", "0", "--t-l", "0", "--fixed-startup-costs"});
+  for (const char* id : {"node-a", "node-b", "node-c", "node-d"}) add_node(id);
+  ASSERT_TRUE(both_alive(4)) << diagnostics();
+  const std::vector<int> prompt = {464, 2068, 758, 2183, 1804, 625, 262};
+  const std::vector<int> expected = single_worker("464,2068,758,2183,1804,625,262", 8);
+  ASSERT_EQ(expected.size(), 8u);
+  const json p = deploy_and_cold_start(0.3);
+  ASSERT_EQ(p.value("stages", 0), 4) << p.dump(2);
+  std::set<std::string> nodes;
+  for (const json& s : p["placement"]) nodes.insert(s.value("node_id", ""));
+  EXPECT_EQ(nodes.size(), 4u);
+  const std::string url = serving_url(p["id"]);
+  ASSERT_FALSE(url.empty()) << diagnostics();
+  EXPECT_EQ(complete(url, prompt), expected) << diagnostics();
 }
 
 }  // namespace
