@@ -170,8 +170,11 @@ std::expected<std::vector<MovedRequest>, std::string> migrate(const MigrationPla
       }
     }
     if (m.how != "stayed" && plan.after_resume) plan.after_resume(m.request_id);
-    if (m.how != "stayed")
-      m.released = post_json(stages[0], "/kv/release", {{"request_id", m.request_id}}).has_value();
+    if (m.how != "stayed") {
+      json release{{"request_id", m.request_id}};
+      if (plan.forward_answers) release["to"] = target.base;
+      m.released = post_json(stages[0], "/kv/release", release).has_value();
+    }
     out.push_back(std::move(m));
   }
   // Whatever could not move finishes where it is (drain); otherwise stage 0 stays paused,

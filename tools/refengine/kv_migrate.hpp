@@ -25,6 +25,11 @@ struct MigrationPlan {
   // Called after the full worker resumed request `id`, before stage 0 releases it (tests stop
   // a coordinator there).
   std::function<void(std::uint64_t id)> after_resume;
+  // Stage 0 answers each moved request's caller with the whole answer, fetched from the full
+  // worker (POST /kv/release with "to"), instead of finish_reason "migrated" and the tokens so
+  // far: the move is invisible to the client, but stage 0 lives on (SIGTERM waits) until those
+  // answers are in.
+  bool forward_answers = false;
 };
 
 struct MovedRequest {

@@ -537,7 +537,14 @@ void KvTransfer::add_routes(httplib::Server& server) {
     if (!body) return reply_error(res, 400, body.error());
     auto id = field<std::uint64_t>(*body, "request_id");
     if (!id) return reply_error(res, 400, id.error());
-    if (auto r = scheduler_->release(*id); !r)
+    std::string to;
+    if (body->contains("to")) {
+      auto t = field<std::string>(*body, "to");
+      if (!t || !t->starts_with("http://") || t->size() > 256)
+        return reply_error(res, 400, "\"to\" must be the full worker's http://host:port");
+      to = *t;
+    }
+    if (auto r = scheduler_->release(*id, to); !r)
       return reply_error(res, scheduler_->paused() ? 404 : 409, r.error());
     engine_.timeline().mark("kv_released", {{"request_id", *id}});
     reply(res, {{"released", *id}});

@@ -327,17 +327,20 @@ std::vector<SequenceInfo> Scheduler::snapshot() {
   return out;
 }
 
-std::expected<void, std::string> Scheduler::release(std::uint64_t id) {
+std::expected<void, std::string> Scheduler::release(std::uint64_t id,
+                                                    const std::string& migrated_to) {
   std::lock_guard lock(mu_);
   if (!paused_) return std::unexpected("release needs a paused engine (POST /kv/pause first)");
   for (auto it = running_.begin(); it != running_.end(); ++it)
     if ((*it)->id == id) {
+      (*it)->completion.migrated_to = migrated_to;
       finish(*it, "migrated");
       running_.erase(it);
       return {};
     }
   for (auto it = waiting_.begin(); it != waiting_.end(); ++it)
     if ((*it)->id == id) {
+      (*it)->completion.migrated_to = migrated_to;
       finish(*it, "migrated");
       waiting_.erase(it);
       return {};

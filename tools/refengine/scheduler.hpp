@@ -35,6 +35,9 @@ struct Completion {
   std::vector<std::vector<float>> logits;
   double time_to_first_token_ms = 0;
   std::uint64_t request_id = 0;  // the scheduler's id (KV transfer names requests by it)
+  // finish_reason "migrated": the full worker that continues it, when its caller should get the
+  // whole answer from there (POST /kv/release with "to"); empty: the caller fetches it.
+  std::string migrated_to;
 };
 
 // A request as KV transfer sees it (Scheduler::snapshot, docs/KV-TRANSFER.md).
@@ -81,7 +84,8 @@ class Scheduler {
   std::vector<SequenceInfo> snapshot();
   // Ends a request that moved to another worker: its caller gets finish_reason "migrated" and
   // the tokens so far. Only while paused (the request's KV must not advance after export).
-  std::expected<void, std::string> release(std::uint64_t request_id);
+  std::expected<void, std::string> release(std::uint64_t request_id,
+                                           const std::string& migrated_to = {});
   // KV blocks for an import, and back.
   std::expected<std::vector<int>, std::string> reserve_blocks(int n);
   void free_blocks(const std::vector<int>& blocks);

@@ -41,6 +41,45 @@ std::expected<Completion, std::string> wait_completion(std::future<Completion>& 
   return f.get();
 }
 
+namespace {
+
+// The whole answer of a request released with "to", from that full worker's /kv/result. Not
+// cut short by a stop request: a stopping stage 0 still hands its callers their answers (the
+// full worker runs the request; this only waits), within kForwardDeadline.
+std::expected<void, std::string> fetch_migrated(Completion& c) {
+  constexpr auto kForwardDeadline = std::chrono::minutes(10);
+  httplib::Client worker(c.migrated_to);
+  worker.set_read_timeout(std::chrono::seconds(70));
+  const auto until = std::chrono::steady_clock::now() + kForwardDeadline;
+  const std::string path = fmt::format("/kv/result?request_id={}&timeout_ms=60000", c.request_id);
+  while (std::chrono::steady_clock::now() < until) {
+    auto r = worker.Get(path.c_str());
+    if (!r)
+      return std::unexpected(fmt::format("the request moved to {}, which did not answer: {}",
+                                         c.migrated_to, httplib::to_string(r.error())));
+    if (r->status == 202) continue;
+    if (r->status != 200)
+      return std::unexpected(fmt::format("the request moved to {}, which answered HTTP {}: {}",
+                                         c.migrated_to, r->status, r->body));
+    try {
+      const auto j = nlohmann::json::parse(r->body);
+      c.tokens = j.at("token_ids").get<std::vector<std::int32_t>>();
+      c.finish_reason = j.at("finish_reason").get<std::string>();
+      c.error = j.value("error", "");
+    } catch (const std::exception& e) {
+      return std::unexpected(
+          fmt::format("the request moved to {}, whose answer is not "
+                      "understood: {}",
+                      c.migrated_to, e.what()));
+    }
+    return {};
+  }
+  return std::unexpected(fmt::format("the request moved to {} did not finish within {} min",
+                                     c.migrated_to, kForwardDeadline.count()));
+}
+
+}  // namespace
+
 int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& tokenizer,
           const ServeOptions& options) {
   httplib::Server server;
@@ -119,6 +158,14 @@ int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& 
         return;
       }
       Completion c = std::move(*waited);
+      if (c.finish_reason == "migrated" && !c.migrated_to.empty()) {
+        // Moved with "to": the caller gets the whole answer from the full worker, here.
+        if (auto e = fetch_migrated(c); !e) {
+          res.status = 502;
+          res.set_content(error_body(e.error(), "upstream_error").dump(), "application/json");
+          return;
+        }
+      }
       if (c.finish_reason == "error")
         return fail(c.error.starts_with("the engine failed")        ? 500
                     : c.error.starts_with("the engine is draining") ? 503

@@ -554,6 +554,33 @@ TEST_F(KvMigration, TheCliMovesARequestAndPrintsItsAnswer) {
   fs::remove(out);
 }
 
+// forward_answers: stage 0's callers get the whole answer (fetched from the full worker), so
+// the move is invisible to them; stopping stage 0 right after the move waits for those answers.
+TEST_F(KvMigration, ForwardedAnswersReachTheCallerWholeEvenAsStage0Stops) {
+  Serve target({"--step-delay-ms", "20"}, 5);
+  Pipeline pp(2, {"--step-delay-ms", "25"});
+  ASSERT_TRUE(target.ready()) << target.log();
+  ASSERT_TRUE(pp.ready()) << pp.logs();
+  const auto want = reference(target, kLong);
+  const std::string s0 = pp.stages[0]->url();
+  auto client = std::async(std::launch::async, [&] { return complete(s0, kPrompts[1], kLong); });
+  ASSERT_TRUE(wait_generating(s0, 1, 3).is_object()) << pp.logs();
+  refengine::MigrationPlan plan{pp.urls(), target.url(), 20000, {}, {}};
+  plan.forward_answers = true;
+  auto moved = refengine::migrate(plan);
+  ASSERT_TRUE(moved) << moved.error();
+  ASSERT_EQ(moved->size(), 1u);
+  EXPECT_EQ((*moved)[0].how, "kv");
+  EXPECT_TRUE((*moved)[0].released);
+  pp.stages[0]->terminate();  // the coordinator stops the pipeline at once
+  ASSERT_EQ(client.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  const json j = client.get();
+  ASSERT_EQ(j.value("status", 0), 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["token_ids"].get<Tokens>(), want[1]);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(pp.stages[0]->wait_exit(30000), 0) << pp.logs();
+}
+
 // A request that reached stage 0 but was never scheduled (no KV yet) moves as a prompt retry.
 TEST_F(KvMigration, AWaitingRequestMovesAsAPromptRetry) {
   Serve target({}, 5);
