@@ -33,6 +33,8 @@ v1::CoordinatorMessage class_rates_message(const policy::NodeClassRates& rates) 
 std::vector<Outbound> ClassRateDispatch::updates(const std::map<std::string, NodeRecord>& nodes,
                                                  double now) {
   std::vector<Outbound> out;
+  if (now - last_walk_ < min_interval_s_) return out;
+  last_walk_ = now;
   for (const auto& [id, node] : nodes) {
     if (!node.alive) continue;
     const std::uint32_t n = running_cold_starts(node.report);

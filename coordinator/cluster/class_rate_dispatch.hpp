@@ -2,7 +2,9 @@
 // classes (ClassRates, cluster.proto) from the cold starts running there
 // (policy/hydraserve_class_rates.hpp): when their number N changes, and again every
 // `resend_s` while N > 0 so a thawd that restarted in between gets them. Nodes that reached
-// N = 0 get one message without classes (back to their own [network] rates).
+// N = 0 get one message without classes (back to their own [network] rates). It looks at
+// most every `min_interval_s`: the server calls it after every tick (up to 100 a second),
+// and a walk over 1,000 nodes costs about 0.4 ms.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +29,9 @@ v1::CoordinatorMessage class_rates_message(const policy::NodeClassRates& rates);
 
 class ClassRateDispatch {
  public:
-  explicit ClassRateDispatch(policy::ClassReserve reserve = {}, double resend_s = 30)
-      : reserve_(reserve), resend_s_(resend_s) {}
+  explicit ClassRateDispatch(policy::ClassReserve reserve = {}, double resend_s = 30,
+                             double min_interval_s = 0.25)
+      : reserve_(reserve), resend_s_(resend_s), min_interval_s_(min_interval_s) {}
 
   std::vector<Outbound> updates(const std::map<std::string, NodeRecord>& nodes, double now);
 
@@ -40,6 +43,8 @@ class ClassRateDispatch {
   };
   policy::ClassReserve reserve_;
   double resend_s_;
+  double min_interval_s_;
+  double last_walk_ = -1e300;
   std::map<std::string, Sent> sent_;
 };
 

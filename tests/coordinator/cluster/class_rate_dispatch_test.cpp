@@ -71,6 +71,15 @@ TEST(ClassRateDispatch, SendsOnChangeRepeatsWhileBusyAndRevertsOnce) {
   EXPECT_EQ(dispatch.updates(nodes, 103).size(), 1u);
 }
 
+TEST(ClassRateDispatch, LooksAtMostEveryMinInterval) {
+  ClassRateDispatch dispatch({}, 30, 0.25);
+  std::map<std::string, NodeRecord> nodes = {{"a", node(1e9, 1)}};
+  EXPECT_EQ(dispatch.updates(nodes, 10.0).size(), 1u);
+  nodes["a"] = node(1e9, 2);
+  EXPECT_TRUE(dispatch.updates(nodes, 10.1).empty()) << "within 0.25 s of the last walk";
+  EXPECT_EQ(dispatch.updates(nodes, 10.3).size(), 1u) << "the change is sent at the next walk";
+}
+
 TEST(ClassRateDispatch, TheMessageRoundTripsThroughTheCodec) {
   v1::CoordinatorMessage m = class_rates_message(policy::node_class_rates(1.25e9, 3));
   auto decoded = cluster::decode_coordinator_message(cluster::encode(m));
