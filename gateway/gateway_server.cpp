@@ -227,6 +227,11 @@ void GatewayServer::install_handlers() {
     } else if (res.status == 413) {
       send_error(res, 413, "the request body is over the gateway's limit (--max-body)",
                  "invalid_request_error", "request_too_large");
+    } else if (res.status == 400) {
+      send_error(res, 400,
+                 "the request could not be read: malformed HTTP, or a chunked body over the "
+                 "gateway's limit (--max-body)",
+                 "invalid_request_error", "bad_request");
     } else {
       send_error(res, res.status, fmt::format("HTTP {}", res.status), "invalid_request_error",
                  "bad_request");
@@ -244,6 +249,18 @@ void GatewayServer::install_handlers() {
     send_error(res, 500, fmt::format("the gateway failed: {}", what), "server_error", "internal");
   });
 
+  // cpp-httplib 0.11 reads a chunked request body to its end whatever its size
+  // (set_payload_max_length bounds only a Content-Length body): such bodies are refused before
+  // the server reads them. OpenAI clients send Content-Length.
+  server.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    send_error(res, 411,
+               "chunked request bodies are not accepted: send the body with a Content-Length",
+               "invalid_request_error", "length_required");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
