@@ -93,7 +93,8 @@ for mode in thaw baseline; do
   fi
 done
 # What this run does not show yet, said where the numbers are.
-NOTES+=("not shown here: consolidation into a full-memory worker and scale-up run in the coordinator as the trace goes, but the demo does not measure tokens/s before/after them (bench/cluster/README.md)")
+NOTES+=("not measured here: the coordinator consolidates pipelines into full-memory workers as the trace goes (they appear in the timeline), but tokens/s before/after consolidation is bench/cluster/consolidation.sh's job")
+NOTES+=("the reference engine answers a request whole; the gateway relays it as one streamed event, so TTFT here is the whole answer's latency and the client-side TPOT is 0")
 note_args=()
 for n in "${NOTES[@]}"; do note_args+=(--note "$n"); done
 /usr/bin/python3 "$SCRIPT_DIR/report.py" "$OUT" "${note_args[@]}"
