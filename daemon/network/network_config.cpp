@@ -145,11 +145,17 @@ std::optional<std::uint64_t> SystemNetworkProbe::link_bytes_per_s(const std::str
 std::string SystemNetworkProbe::missing_capabilities() const {
   __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
-  if (syscall(SYS_capget, &header, data) != 0) return "CAP_BPF CAP_NET_ADMIN (capget failed)";
+  if (syscall(SYS_capget, &header, data) != 0) {
+    return "CAP_BPF CAP_NET_ADMIN CAP_PERFMON (capget failed)";
+  }
   auto has = [&](int cap) { return (data[cap / 32].effective & (1u << (cap % 32))) != 0; };
   std::string missing;
-  if (!has(CAP_BPF)) missing += "CAP_BPF";
-  if (!has(CAP_NET_ADMIN)) missing += std::string(missing.empty() ? "" : " ") + "CAP_NET_ADMIN";
+  auto add = [&](const char* name) { missing += std::string(missing.empty() ? "" : " ") + name; };
+  if (!has(CAP_BPF)) add("CAP_BPF");
+  if (!has(CAP_NET_ADMIN)) add("CAP_NET_ADMIN");
+  // The verifier allows the classifier's packet-pointer arithmetic only to a loader with
+  // CAP_PERFMON (or CAP_SYS_ADMIN, which implies it): see packaging/thawd.service.
+  if (!has(CAP_PERFMON) && !has(CAP_SYS_ADMIN)) add("CAP_PERFMON");
   return missing;
 }
 

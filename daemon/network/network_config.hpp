@@ -44,9 +44,9 @@ struct ClassSetting {
 enum class ShapingMode { automatic, on, off };
 
 struct NetworkSettings {
-  // automatic: on when the uplink exists, its rate is known and thawd has CAP_BPF and
-  // CAP_NET_ADMIN, else off with one log line saying which; on: the same, but a missing
-  // device or unknown link rate stops thawd (missing capabilities still only turn it off).
+  // automatic: on when the uplink exists, its rate is known and thawd has CAP_BPF,
+  // CAP_NET_ADMIN and CAP_PERFMON, else off with one log line saying which; on: the same, but a
+  // missing device or unknown link rate stops thawd (missing capabilities still only turn it off).
   ShapingMode mode = ShapingMode::automatic;
   std::string uplink;           // "" = the device of the default route
   std::uint64_t link_rate = 0;  // bytes/s; 0 = /sys/class/net/DEV/speed
@@ -80,7 +80,8 @@ class NetworkProbe {
   // The link rate in bytes/s from /sys/class/net/DEV/speed (Mbit/s); nullopt when the driver
   // does not say (virtual devices report -1 or fail the read).
   virtual std::optional<std::uint64_t> link_bytes_per_s(const std::string& dev) const = 0;
-  // "" when thawd may load BPF programs and change qdiscs; else the missing capabilities.
+  // "" when thawd may load its classifier and change qdiscs (CAP_BPF, CAP_NET_ADMIN and
+  // CAP_PERFMON or CAP_SYS_ADMIN); else the missing capabilities.
   virtual std::string missing_capabilities() const = 0;
 };
 

@@ -3,6 +3,10 @@
 #include "daemon/network/network_config.hpp"
 
 #include <gtest/gtest.h>
+#include <linux/capability.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "daemon/config/thawd_config.hpp"
 
@@ -190,6 +194,35 @@ TEST(NetworkConfig, TheSystemProbeAnswersOnThisMachine) {
   EXPECT_EQ(probe.link_bytes_per_s("thaw-no-such0"), std::nullopt);
   // Loopback has no speed: the rate must come from the configuration.
   EXPECT_EQ(probe.link_bytes_per_s("lo"), std::nullopt);
+}
+
+// In a child that drops `caps` from its effective set: whether SystemNetworkProbe then names
+// exactly `expected` as missing (exit 0) or not (1); 2: the drop itself failed.
+int missing_after_dropping(std::initializer_list<int> caps, const std::string& expected) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+    if (syscall(SYS_capget, &header, data) != 0) ::_exit(2);
+    for (int cap : caps) data[cap / 32].effective &= ~(1u << (cap % 32));
+    if (syscall(SYS_capset, &header, data) != 0) ::_exit(2);
+    ::_exit(SystemNetworkProbe{}.missing_capabilities() == expected ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 3;
+}
+
+TEST(NetworkConfig, TheSystemProbeNamesTheCapabilitiesTheClassifierNeeds) {
+  if (!SystemNetworkProbe{}.missing_capabilities().empty()) {
+    GTEST_SKIP() << "needs root with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON; lacks "
+                 << SystemNetworkProbe{}.missing_capabilities();
+  }
+  EXPECT_EQ(missing_after_dropping({CAP_BPF}, "CAP_BPF"), 0);
+  EXPECT_EQ(missing_after_dropping({CAP_NET_ADMIN, CAP_BPF}, "CAP_BPF CAP_NET_ADMIN"), 0);
+  // CAP_SYS_ADMIN implies CAP_PERFMON for the verifier: only both gone is a lack.
+  EXPECT_EQ(missing_after_dropping({CAP_PERFMON}, ""), 0);
+  EXPECT_EQ(missing_after_dropping({CAP_PERFMON, CAP_SYS_ADMIN}, "CAP_PERFMON"), 0);
 }
 
 }  // namespace
