@@ -145,10 +145,12 @@ class PipelineWorkers : public ::testing::Test {
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   void start_coordinator(const std::vector<std::string>& extra = {}) {
-    // Worker ports from a range this run is unlikely to share with another test's, below the
-    // ephemeral range (32768..): a stage connecting to a peer that is not listening yet could
-    // otherwise be given that very port as its source and connect to itself.
-    const int base = 20000 + static_cast<int>(::getpid() % 700) * 16;
+    // Worker ports from a range this run is unlikely to share with another test process's,
+    // and a fresh block for each test of this one (a port the previous test's engines used
+    // was seen refused once), below the ephemeral range (32768..): a stage connecting to a
+    // peer that is not listening yet could otherwise be given that very port as its source.
+    static int test_seq = 0;
+    const int base = 20000 + static_cast<int>(::getpid() % 120) * 96 + (test_seq++ % 6) * 16;
     std::vector<std::string> argv = {THAW_COORDINATOR_PATH,
                                      "serve",
                                      "--nodes",
@@ -167,7 +169,7 @@ class PipelineWorkers : public ::testing::Test {
                                      "--worker-ports",
                                      std::to_string(base),
                                      "--worker-port-count",
-                                     "64"};
+                                     "16"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     coordinator_ = spawn(argv, {}, dir_.path() / "coordinator.log");
     ASSERT_TRUE(eventually([&] { return state().contains("nodes"); }, 10s)) << coordinator_log();
