@@ -349,7 +349,8 @@ void GatewayServer::install_handlers() {
       bool too_big = false;
       httplib::Error error = httplib::Error::Success;
       bool ok = false;
-      for (int attempt = 0;; ++attempt) {
+      bool resent = false;
+      for (int attempt = 0; attempt < 3; ++attempt) {
         auto client = upstream_client(worker->url(), options_);
         answer.clear();
         status = 0;
@@ -373,14 +374,25 @@ void GatewayServer::install_handlers() {
         };
         httplib::Response up_res;
         ok = client->send(up, up_res, error);
-        // A refused connection sent nothing: another worker may take the request (once).
-        if (!ok && error == httplib::Error::Connection && attempt == 0) {
+        if (ok || too_big) break;
+        // A refused connection sent nothing: another worker may take the request.
+        if (error == httplib::Error::Connection) {
           if (auto other = another_worker(model, worker->url())) {
             worker = std::move(other);
             continue;
           }
+          break;
         }
-        break;
+        // The worker took the request and failed before answering (it crashed: a pipeline
+        // stage dying mid-migration, say). The client has seen nothing, so the request is sent
+        // again from its prompt to a serving worker — held for one if need be — once: the
+        // client gets one answer (greedy decoding gives the same tokens).
+        if (resent) break;
+        resent = true;
+        router_.mark_unreachable(worker->url(), options_.unreachable_pause);
+        auto again = router_.acquire(model);
+        if (!again) break;
+        worker = std::move(*again);
       }
       if (too_big) {
         return send_error(

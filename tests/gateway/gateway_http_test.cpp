@@ -397,6 +397,62 @@ TEST_F(GatewayHttpTest, ARefusedConnectionIsRetriedOnAnotherWorker) {
   EXPECT_EQ(live.requests.load(), 4);
 }
 
+// A worker that crashes after taking a request: it reads the request and closes the
+// connection without answering.
+class CrashingWorker {
+ public:
+  CrashingWorker() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t n = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &n);
+    port = ntohs(a.sin_port);
+    ::listen(fd_, 16);
+    thread_ = std::thread([this] {
+      for (;;) {
+        const int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        char buf[4096];
+        (void)::recv(c, buf, sizeof buf, 0);
+        ++taken;
+        ::close(c);
+      }
+    });
+  }
+  ~CrashingWorker() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  int port = 0;
+  std::atomic<int> taken{0};
+
+ private:
+  int fd_ = -1;
+  std::thread thread_;
+};
+
+TEST_F(GatewayHttpTest, AWorkerThatCrashesMidRequestIsRetriedFromThePromptOnce) {
+  CrashingWorker crashing;
+  FakeWorker full("full");
+  start({{"m", {{"http://127.0.0.1:" + std::to_string(crashing.port)}, {full.url()}}}});
+  auto res = complete({{"model", "m"}, {"prompt", {1, 2}}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["token_ids"], json({2, 3}));
+  EXPECT_EQ(crashing.taken.load(), 1);
+  EXPECT_EQ(full.requests.load(), 1);
+  // With nothing else to go to, the one resend also fails: a 502, not a hang.
+  router_->replace({{"m", {{"http://127.0.0.1:" + std::to_string(crashing.port)}}}});
+  auto alone = complete({{"model", "m"}, {"prompt", {1}}});
+  ASSERT_TRUE(alone);
+  EXPECT_EQ(alone->status, 502);
+  EXPECT_EQ(crashing.taken.load(), 3);
+}
+
 int connect_to(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
