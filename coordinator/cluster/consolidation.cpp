@@ -216,6 +216,16 @@ void ClusterState::advance(PlanRecord& plan, double now, std::vector<Outbound>& 
         p.set_phase(v1::PHASE_COLD_STARTING);
         break;
       case v1::PHASE_COLD_STARTING:
+        // A stage's engine that exits before the pipeline serves: shown on the plan (no
+        // automatic retry: the same command would most likely fail the same way).
+        for (const v1::PlannedStage& s : p.placement()) {
+          if (s.worker_state() == v1::TASK_FAILED || s.worker_state() == v1::TASK_DONE) {
+            p.set_phase_error(fmt::format(
+                "the worker of stage {} on {} exited before the pipeline served (its log: the "
+                "node's state_dir/workers)",
+                s.stage(), s.node_id()));
+          }
+        }
         if (first->worker_ready()) {
           // One stage is already a worker with the whole model: nothing to consolidate.
           p.set_phase(p.stages() == 1 ? v1::PHASE_CONSOLIDATED : v1::PHASE_PIPELINED);

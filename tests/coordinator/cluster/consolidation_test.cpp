@@ -178,6 +178,15 @@ TEST(Consolidation, EachStageIsLaunchedWiredToItsPeersWithItsLayers) {
   EXPECT_NE(second.placement(0).http_port(), plan.placement(0).http_port());
 }
 
+TEST(Consolidation, AStageWhoseEngineExitsDuringTheColdStartIsShownOnThePlan) {
+  Harness h;
+  h.cold_start();
+  h.report(h.node_of(1), *h.task(h.plan_id + "/1/launch-worker"), v1::TASK_FAILED);
+  EXPECT_EQ(h.plan().phase(), v1::PHASE_COLD_STARTING);
+  EXPECT_NE(h.plan().phase_error().find("stage 1 on " + h.node_of(1)), std::string::npos)
+      << h.plan().phase_error();
+}
+
 TEST(Consolidation, StageZeroServesOnceItsHealthAnswers) {
   Harness h;
   h.cold_start();
