@@ -134,7 +134,8 @@ static __always_inline int class_of_port(const struct flow* f) {
   return c && *c < THAW_CLASS_COUNT ? (int)*c : -1;
 }
 
-// Ingress: the packet has no socket yet; find the local socket it is for and use its mark, so downloads are classed by the same SO_MARK as the fetch socket's uploads.
+// Ingress: the packet has no socket yet; find the local socket it is for and use its mark, so
+// downloads are classed by the same SO_MARK as the fetch socket's uploads.
 static __always_inline int class_of_local_socket(struct __sk_buff* skb, struct flow* f,
                                                  __u32* model) {
   if (!f->found) return -1;
@@ -191,6 +192,10 @@ int thaw_ingress(struct __sk_buff* skb) {
   if (c < 0) c = THAW_CLASS_OTHER;
   skb->priority = thaw_skb_priority(c);
   count(skb, THAW_DIR_INGRESS, c, model);
-  if (ifb_ifindex) return bpf_redirect(ifb_ifindex, 0);
+  // Inference skips the IFB: it is the class HTB would serve first anyway, and the IFB's
+  // extra hop (a tasklet that re-injects each packet) costs its round trips the most when the
+  // CPU is busy. Its bytes still count against the link: keep the shaped link rate below the
+  // real one by more than the inference traffic's rate.
+  if (ifb_ifindex && c != THAW_CLASS_INFERENCE) return bpf_redirect(ifb_ifindex, 0);
   return TC_ACT_OK;
 }

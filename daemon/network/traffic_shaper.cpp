@@ -23,6 +23,7 @@
 namespace thaw::network {
 namespace {
 
+constexpr std::uint32_t kIfbTxQueueLen = 32;  // the IFB driver's own default
 constexpr int kCapBpf = 39;  // CAP_BPF (5.8); Debian 12's uapi header has it, older ones not
 
 ShapingError err(ShapingErrc c, std::string m) {
@@ -267,7 +268,10 @@ std::expected<ShapingStatus, ShapingError> TrafficShaper::start(const ShapingSet
 
   if (s.shape_ingress) {
     std::string name = ifb_name(ifindex);
-    if (auto r = nl->create_ifb(name, 1000); !r)
+    // The IFB's txqueuelen bounds both its own hand-back queue (packets HTB released but the
+    // IFB has not re-injected yet: one FIFO for all classes, so it must stay short or a busy
+    // CPU lets fetch packets queue ahead of inference there) and the HTB leaves' pfifo limit.
+    if (auto r = nl->create_ifb(name, kIfbTxQueueLen); !r)
       return fail(err(ShapingErrc::netlink, r.error().message));
     m.ifb_ifindex = static_cast<int>(if_nametoindex(name.c_str()));
     if (m.ifb_ifindex == 0) return fail(err(ShapingErrc::netlink, name + " vanished"));

@@ -149,7 +149,7 @@ TEST_F(Classifier, ThawMarkWinsOverPort) {
   load();
   set_port(8000, THAW_CLASS_INFERENCE);
   Verdict r = run(skel_->progs.thaw_egress, tcp4("10.0.0.1", 8000, "10.0.0.2", 80, 10),
-              thaw_mark_make(THAW_CLASS_BACKGROUND_FETCH, 0));
+                  thaw_mark_make(THAW_CLASS_BACKGROUND_FETCH, 0));
   EXPECT_EQ(r.priority, thaw_skb_priority(THAW_CLASS_BACKGROUND_FETCH));
 }
 
@@ -157,6 +157,11 @@ TEST_F(Classifier, IngressRedirectsToTheIfb) {
   load(/*ifb_ifindex=*/1);  // loopback stands in for the IFB: only the verdict is checked
   Verdict r = run(skel_->progs.thaw_ingress, tcp4("10.0.0.9", 80, "10.0.0.1", 40000, 10));
   EXPECT_EQ(r.retval, TC_ACT_REDIRECT);
+  // Inference stays on the uplink (no IFB hop); it is still classed and counted.
+  set_port(8000, THAW_CLASS_INFERENCE);
+  Verdict inf = run(skel_->progs.thaw_ingress, tcp4("10.0.0.9", 51000, "10.0.0.1", 8000, 10));
+  EXPECT_EQ(inf.retval, TC_ACT_OK);
+  EXPECT_EQ(inf.priority, thaw_skb_priority(THAW_CLASS_INFERENCE));
 }
 
 TEST_F(Classifier, IngressUsesTheMarkOfTheLocalSocket) {
