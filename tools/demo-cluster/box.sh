@@ -180,20 +180,30 @@ box_registry() {
 # endpoint on the box network and the frontend on an ipc:// socket (a file: reachable from
 # every namespace, thawctl included). Sets BOX_FRONTEND.
 box_coordinator() {
-  local dir="$BOX_WORK/coordinator" i
+  local dir="$BOX_WORK/coordinator"
   mkdir -p "$dir/nodes.d"
   "$COORDINATOR_BIN" keygen "$dir/coordinator" >/dev/null
   BOX_FRONTEND=ipc://$dir/frontend.sock
-  box_spawn "$BOX-ctl" "$dir/coordinator.log" "$COORDINATOR_BIN" serve \
+  BOX_COORDINATOR_ARGS=("$@")
+  box_coordinator_start coordinator.log
+}
+# box_coordinator_start [LOG]: (re)starts thaw-coordinator with the keys and arguments of
+# box_coordinator (a restart keeps the nodes' allow-list and the endpoints); its log goes to
+# coordinator/LOG (default coordinator.log).
+box_coordinator_start() {
+  local dir="$BOX_WORK/coordinator" i logf=${1:-coordinator.log}
+  box_spawn "$BOX-ctl" "$dir/$logf" "$COORDINATOR_BIN" serve \
     --nodes "tcp://$BOX_CTL_ADDR:$BOX_NODES_PORT" --frontend "$BOX_FRONTEND" \
-    --key "$dir/coordinator.key" --allow "$dir/nodes.d" --heartbeat 250ms --liveness 8 "$@"
+    --key "$dir/coordinator.key" --allow "$dir/nodes.d" --heartbeat 250ms --liveness 8 \
+    "${BOX_COORDINATOR_ARGS[@]}"
   BOX_COORDINATOR_PID=$SPAWNED
   for ((i = 0; i < 100; i++)); do
-    cluster state >/dev/null 2>&1 && return 0
+    cluster state >/dev/null 2>&1 && break
     kill -0 "$BOX_COORDINATOR_PID" 2>/dev/null || break
     sleep 0.1
   done
-  die "thaw-coordinator did not come up: $(tail -5 "$dir/coordinator.log")"
+  cluster state >/dev/null 2>&1 && return 0
+  die "thaw-coordinator did not come up: $(tail -5 "$dir/$logf")"
 }
 # cluster ARGS...: thawctl --json cluster against the box's coordinator.
 cluster() { "$THAWCTL_BIN" --json cluster --coordinator "$BOX_FRONTEND" --timeout 5 "$@"; }
