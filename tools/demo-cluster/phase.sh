@@ -45,10 +45,10 @@ defer "collect_workers"
 collect_workers() {
   local i
   for ((i = 0; i < NODES; i++)); do
+    cp "$BOX_WORK/n$i/thawd.log" "$OUT/logs/thawd-n$i.log" 2>/dev/null || true
     [[ -d $BOX_WORK/n$i/state/workers ]] || continue
     mkdir -p "$OUT/workers/n$i"
     cp "$BOX_WORK/n$i/state/workers/"* "$OUT/workers/n$i/" 2>/dev/null || true
-    cp "$BOX_WORK/n$i/thawd.log" "$OUT/logs/thawd-n$i.log" 2>/dev/null || true
   done
   cp "$BOX_WORK/coordinator/coordinator.log" "$BOX_WORK/gateway/gateway.log" "$OUT/logs/" 2>/dev/null || true
 }
