@@ -172,6 +172,17 @@ std::expected<void, NlError> NetlinkTc::add_htb_root(int ifindex, std::uint32_t 
   return transact(h, fmt::format("adding HTB root qdisc {:x}: on ifindex {}", major, ifindex));
 }
 
+bool NetlinkTc::kernel_has_qdisc(int ifindex, const char* kind) {
+  constexpr std::uint32_t kProbeMajor = THAW_HTB_MAJOR + 1;
+  Buf b;
+  nlmsghdr* h = start(b, RTM_NEWQDISC, NLM_F_CREATE | NLM_F_REPLACE, 0);
+  put_tcmsg(h, ifindex, TC_H_ROOT, kProbeMajor << 16);
+  mnl_attr_put_strz(h, TCA_KIND, kind);
+  bool ok = transact(h, "probing qdisc").has_value();
+  if (ok) (void)delete_root_qdisc(ifindex, kProbeMajor);
+  return ok;
+}
+
 std::expected<void, NlError> NetlinkTc::delete_root_qdisc(int ifindex, std::uint32_t major) {
   Buf b;
   nlmsghdr* h = start(b, RTM_DELQDISC, 0, 0);

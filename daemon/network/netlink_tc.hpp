@@ -57,6 +57,9 @@ class NetlinkTc {
   std::expected<void, NlError> set_htb_class(int ifindex, const HtbClassParams& p, bool create);
   // Drops of a class's leaf (tc's "dropped"); 0 when the class is not there.
   std::expected<std::uint64_t, NlError> class_drops(int ifindex, std::uint32_t classid);
+  // Whether the kernel knows qdisc `kind`: tries it as the root of ifindex (thaw's own IFB,
+  // before anything else is there) and removes it again.
+  bool kernel_has_qdisc(int ifindex, const char* kind);
   // Number of filters under a clsact hook (parent = TC_H_MAKE(TC_H_CLSACT,
   // TC_H_MIN_INGRESS/EGRESS)).
   std::expected<std::size_t, NlError> filter_count(int ifindex, std::uint32_t parent);

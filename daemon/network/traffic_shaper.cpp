@@ -112,10 +112,21 @@ std::string ifb_name(int ifindex) {
   return fmt::format("thifb{}", ifindex);
 }
 
+// Asking libbpf to detach from, or create, a clsact that is absent / present makes the
+// kernel answer with an error libbpf prints; looking first keeps thawd's log clean.
+bool has_clsact(NetlinkTc& nl, int ifindex) {
+  auto qd = nl.qdiscs(ifindex);
+  if (!qd) return false;
+  for (const auto& q : *qd)
+    if (q.kind == "clsact") return true;
+  return false;
+}
+
 // Removes what a thawd that died left on this uplink: our filters, our HTB roots, our IFB
 // and (when our marker says we made it and it is empty) the clsact qdisc.
 void remove_own(NetlinkTc& nl, int ifindex) {
   for (bool ingress : {false, true}) {
+    if (!has_clsact(nl, ifindex)) break;
     bpf_tc_hook hook{};
     hook.sz = sizeof hook;
     hook.ifindex = ifindex;
@@ -188,13 +199,13 @@ std::expected<void, ShapingError> check_rates(ShapingSettings& s) {
   return {};
 }
 
-std::expected<void, ShapingError> attach(thaw_tc* skel, int ifindex, bool ingress,
+std::expected<void, ShapingError> attach(NetlinkTc& nl, thaw_tc* skel, int ifindex, bool ingress,
                                          bool& created_clsact) {
   bpf_tc_hook hook{};
   hook.sz = sizeof hook;
   hook.ifindex = ifindex;
   hook.attach_point = ingress ? BPF_TC_INGRESS : BPF_TC_EGRESS;
-  int rc = bpf_tc_hook_create(&hook);
+  int rc = has_clsact(nl, ifindex) ? -EEXIST : bpf_tc_hook_create(&hook);
   if (rc == 0)
     created_clsact = true;
   else if (rc != -EEXIST)
@@ -263,8 +274,9 @@ std::expected<ShapingStatus, ShapingError> TrafficShaper::start(const ShapingSet
     return std::unexpected(std::move(e));
   };
 
-  // sch_fq would allow EDT pacing; this build shapes with HTB either way (see bpf/README.md).
-  m.status.edt_pacing = false;
+  // sch_fq would allow EDT pacing (skb->tstamp); it is probed on the IFB before HTB goes
+  // there. This build shapes with HTB either way (see bpf/README.md): status says which.
+  bool fq_present = false;
 
   if (s.shape_ingress) {
     std::string name = ifb_name(ifindex);
@@ -277,6 +289,7 @@ std::expected<ShapingStatus, ShapingError> TrafficShaper::start(const ShapingSet
     if (m.ifb_ifindex == 0) return fail(err(ShapingErrc::netlink, name + " vanished"));
     if (auto r = nl->set_link_up(m.ifb_ifindex); !r)
       return fail(err(ShapingErrc::netlink, r.error().message));
+    fq_present = nl->kernel_has_qdisc(m.ifb_ifindex, "fq");
     if (auto r = build_htb(*nl, m.ifb_ifindex, s, true); !r) return fail(r.error());
     m.status.ifb_device = name;
   }
@@ -297,10 +310,10 @@ std::expected<ShapingStatus, ShapingError> TrafficShaper::start(const ShapingSet
     if (auto r = add_inference_cgroup(cg); !r) return fail(r.error());
 
   bool created = false;
-  if (auto r = attach(m.skel, ifindex, false, created); !r) return fail(r.error());
+  if (auto r = attach(*nl, m.skel, ifindex, false, created); !r) return fail(r.error());
   m.attached[0] = true;
   if (s.shape_ingress) {
-    if (auto r = attach(m.skel, ifindex, true, created); !r) return fail(r.error());
+    if (auto r = attach(*nl, m.skel, ifindex, true, created); !r) return fail(r.error());
     m.attached[1] = true;
   }
   if (created) {
@@ -311,9 +324,15 @@ std::expected<ShapingStatus, ShapingError> TrafficShaper::start(const ShapingSet
     std::ofstream(marker) << "thawd created this uplink's clsact qdisc\n";
   }
   m.status.running = true;
-  m.status.detail = fmt::format("shaping {} at {} bytes/s: egress HTB {:x}:, ingress {}", s.uplink,
-                                s.link_bytes_per_s, THAW_HTB_MAJOR,
-                                s.shape_ingress ? "via " + m.status.ifb_device : "not shaped");
+  m.status.edt_pacing = false;  // not implemented: HTB paces every class
+  m.status.detail = fmt::format(
+      "shaping {} at {} bytes/s: egress HTB {:x}:, ingress {}; sch_fq {} (EDT pacing not "
+      "implemented, HTB used)",
+      s.uplink, s.link_bytes_per_s, THAW_HTB_MAJOR,
+      s.shape_ingress ? "via " + m.status.ifb_device : "not shaped",
+      !s.shape_ingress ? "not probed"
+      : fq_present     ? "present"
+                       : "absent in this kernel");
   return m.status;
 }
 
