@@ -93,6 +93,12 @@ ordered_json kernel_json(const KernelNode& k) {
   out["param_bytes"] = to_hex(k.param_bytes);
   out["cooperative"] = k.cooperative;
   out["priority"] = k.priority;
+  out["cluster"] = ordered_json::array({k.cluster[0], k.cluster[1], k.cluster[2]});
+  out["cluster_scheduling"] = k.cluster_scheduling;
+  out["mem_sync_domain"] = k.mem_sync_domain;
+  out["mem_sync_domain_map"] =
+      ordered_json::array({k.mem_sync_domain_map[0], k.mem_sync_domain_map[1]});
+  out["carveout"] = k.carveout;
   return out;
 }
 
@@ -341,12 +347,48 @@ std::string read_pair(const json& j, const Where& where, std::uint32_t& a, std::
   return {};
 }
 
+// The launch attributes of version 3 (graph_record_model.hpp): the values the driver takes.
+std::string read_attributes(const json& j, const Where& where, KernelNode& k) {
+  const json& cluster = j.at("cluster");
+  const Where cluster_at(where, "cluster");
+  if (!cluster.is_array() || cluster.size() != 3)
+    return fail(cluster_at, fmt::format("is {}, not an array [x, y, z]", describe(cluster)));
+  for (std::size_t i = 0; i < 3; ++i)
+    THAW_TRY(read_u32(cluster[i], Where(cluster_at, i), k.cluster[i]));
+  const bool none = k.cluster == std::array<std::uint32_t, 3>{0, 0, 0};
+  if (!none && (k.cluster[0] == 0 || k.cluster[1] == 0 || k.cluster[2] == 0))
+    return fail(cluster_at, fmt::format("is [{}, {}, {}]: all 0 (no cluster) or each at least 1",
+                                        k.cluster[0], k.cluster[1], k.cluster[2]));
+  std::uint64_t v = 0;
+  THAW_TRY(read_uint(j.at("cluster_scheduling"), Where(where, "cluster_scheduling"), 0,
+                     kMaxClusterSchedulingPolicy, v));
+  k.cluster_scheduling = static_cast<std::uint32_t>(v);
+  THAW_TRY(
+      read_uint(j.at("mem_sync_domain"), Where(where, "mem_sync_domain"), 0, kMaxMemSyncDomain, v));
+  k.mem_sync_domain = static_cast<std::uint32_t>(v);
+  const json& map = j.at("mem_sync_domain_map");
+  const Where map_at(where, "mem_sync_domain_map");
+  if (!map.is_array() || map.size() != 2)
+    return fail(map_at, fmt::format("is {}, not an array [default, remote]", describe(map)));
+  for (std::size_t i = 0; i < 2; ++i) {
+    THAW_TRY(read_uint(map[i], Where(map_at, i), 0, 255, v));
+    k.mem_sync_domain_map[i] = static_cast<std::uint32_t>(v);
+  }
+  const Where carveout_at(where, "carveout");
+  THAW_TRY(read_u32(j.at("carveout"), carveout_at, k.carveout));
+  if (k.carveout > 100 && k.carveout != kCarveoutDefault)
+    return fail(carveout_at, fmt::format("is {}, not a percentage (0..100) or {} (the default)",
+                                         k.carveout, kCarveoutDefault));
+  return {};
+}
+
 std::string read_kernel(const json& j, const Where& where,
                         const std::map<std::string, std::size_t, std::less<>>& modules,
                         KernelNode& k) {
   THAW_TRY(exact_fields(j, where,
                         {"module_digest", "name", "grid", "block", "shared_bytes", "params",
-                         "param_bytes", "cooperative", "priority"}));
+                         "param_bytes", "cooperative", "priority", "cluster", "cluster_scheduling",
+                         "mem_sync_domain", "mem_sync_domain_map", "carveout"}));
   const Where digest_at(where, "module_digest");
   THAW_TRY(read_digest(j.at("module_digest"), digest_at, k.kernel.module_digest));
   if (!modules.contains(k.kernel.module_digest))
@@ -360,6 +402,7 @@ std::string read_kernel(const json& j, const Where& where,
   THAW_TRY(read_u32(j.at("shared_bytes"), Where(where, "shared_bytes"), k.shared_bytes));
   THAW_TRY(read_u32(j.at("cooperative"), Where(where, "cooperative"), k.cooperative));
   THAW_TRY(read_u32(j.at("priority"), Where(where, "priority"), k.priority));
+  THAW_TRY(read_attributes(j, where, k));
   THAW_TRY(read_hex_bytes(j.at("param_bytes"), Where(where, "param_bytes"), kMaxParamBytes,
                           k.param_bytes));
 

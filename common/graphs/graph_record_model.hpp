@@ -5,9 +5,10 @@
 // which lacks <expected>. The rest of thaw includes graph_record.hpp, which adds the
 // std::expected API over it.
 //
-// The text form (version 2), one JSON object with exactly these fields (a missing or an unknown
+// The text form (version 3), one JSON object with exactly these fields (a missing or an unknown
 // field is an error at every level: a new field is a new version — version 2 added the graphs'
-// "label"; a version 1 text is refused, as any other version):
+// "label", version 3 the kernels' cluster and memory-sync attributes; a text of another version
+// is refused):
 //   {"version": 1,
 //    "identity": {"engine": s, "model": s, "gpu": s, "driver": s},
 //    "modules": [{"digest": hex64, "bytes": u64 >= 1, "kind": "cubin"|"fatbin"|"ptx"|"unknown"}],
@@ -19,7 +20,10 @@
 //   "kernel": {"module_digest": hex64 of a listed module, "name": s (non-empty),
 //              "grid": [x, y, z], "block": [x, y, z] (each >= 1), "shared_bytes": u32,
 //              "params": [[offset, size], ...], "param_bytes": hex, "cooperative": u32,
-//              "priority": u32}
+//              "priority": u32, "cluster": [x, y, z] (all 0: none; else each >= 1),
+//              "cluster_scheduling": 0..2, "mem_sync_domain": 0..1,
+//              "mem_sync_domain_map": [default, remote] (each 0..255),
+//              "carveout": 0..100 or 4294967295 (CU_SHAREDMEM_CARVEOUT_DEFAULT)}
 //   "memset": {"dst": u64, "pitch": u64, "value": u32, "element_size": 1|2|4, "width": u64,
 //              "height": u64}
 //   "memcpy": {"src": u64, "dst": u64, "bytes": u64, "src_memory_type": 1..4,
@@ -52,7 +56,7 @@
 
 namespace thaw::graphs {
 
-inline constexpr int kGraphRecordVersion = 2;
+inline constexpr int kGraphRecordVersion = 3;
 
 // Limits of what a record may hold (a capture of a real engine is far below each).
 inline constexpr std::size_t kMaxGraphRecordBytes = 32u << 20;  // thawd's artifact limit
@@ -96,6 +100,10 @@ struct ParamSlot {
   bool operator==(const ParamSlot&) const = default;
 };
 
+inline constexpr std::uint32_t kCarveoutDefault = 0xffff'ffffu;  // CU_SHAREDMEM_CARVEOUT_DEFAULT
+inline constexpr std::uint32_t kMaxClusterSchedulingPolicy = 2;  // LOAD_BALANCING
+inline constexpr std::uint32_t kMaxMemSyncDomain = 1;            // REMOTE
+
 struct KernelNode {
   KernelIdentity kernel;
   std::array<std::uint32_t, 3> grid{1, 1, 1};
@@ -107,6 +115,14 @@ struct KernelNode {
   // value; only those the recorder read and found set.
   std::uint32_t cooperative = 0;
   std::uint32_t priority = 0;
+  // CLUSTER_DIMENSION: {0, 0, 0} when the node has none (CUTLASS 3 / cuBLAS GEMMs on sm_90 have
+  // one; rebuilt without it the kernel runs in another configuration, or fails to launch).
+  std::array<std::uint32_t, 3> cluster{0, 0, 0};
+  std::uint32_t cluster_scheduling = 0;  // CUclusterSchedulingPolicy, 0 = the default
+  std::uint32_t mem_sync_domain = 0;     // CUlaunchMemSyncDomain
+  std::array<std::uint32_t, 2> mem_sync_domain_map{0, 0};  // default, remote (bytes)
+  // PREFERRED_SHARED_MEMORY_CARVEOUT in percent; kCarveoutDefault when not set.
+  std::uint32_t carveout = kCarveoutDefault;
   bool operator==(const KernelNode&) const = default;
 };
 

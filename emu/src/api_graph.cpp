@@ -648,6 +648,7 @@ static CUresult kernel_set(CUgraphNode h, const P* p, Call& c) {
   if (named == nullptr) named = to_handle<CUcontext>(std::get<KernelNode>(n->data).ctx);
   KernelNode k;
   k.priority = std::get<KernelNode>(n->data).priority;
+  k.attrs = std::get<KernelNode>(n->data).attrs;
   if (CUresult r = kernel_node_from_params(p, named, c, k); r != CUDA_SUCCESS) return r;
   n->data = std::move(k);
   return CUDA_SUCCESS;
@@ -660,31 +661,130 @@ EMU_EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode h, const CUDA_KERN
   return api("cuGraphKernelNodeSetParams", [&](Call& c) { return kernel_set(h, p, c); });
 }
 
+CUresult emu::check_cluster(const unsigned cluster[3], const unsigned grid[3]) {
+  const bool none = cluster[0] == 0 && cluster[1] == 0 && cluster[2] == 0;
+  if (none) return CUDA_SUCCESS;
+  if (cluster[0] == 0 || cluster[1] == 0 || cluster[2] == 0) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+  constexpr std::uint64_t kMaxPortableClusterSize = 8;
+  if (std::uint64_t{cluster[0]} * cluster[1] * cluster[2] > kMaxPortableClusterSize) {
+    return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (grid[i] % cluster[i] != 0) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+  }
+  return CUDA_SUCCESS;
+}
+
+// The kernel node attributes of CUDA 13 (CU_KERNEL_NODE_ATTRIBUTE_*) that the emulator keeps;
+// the others (access policy windows, preferred clusters, device updates, ...) are
+// CUDA_ERROR_NOT_SUPPORTED, which a caller must handle as for an older driver.
 EMU_EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode h, CUkernelNodeAttrID attr,
                                                   CUkernelNodeAttrValue* value) {
-  return api("cuGraphKernelNodeGetAttribute", [&](Call&) {
+  return api("cuGraphKernelNodeGetAttribute", [&](Call& c) {
+    c.ptr("node", handle_value(h)).arg("attr", raw(attr));
     EMU_REQUIRE_INIT();
     if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
     Lock lock(driver().mu);
     auto n = find_node(h);
     if (!n || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
-    if (raw(attr) != CU_LAUNCH_ATTRIBUTE_PRIORITY) return CUDA_ERROR_NOT_SUPPORTED;
-    value->priority = std::get<KernelNode>(n->data).priority;
-    return CUDA_SUCCESS;
+    const KernelNode& k = std::get<KernelNode>(n->data);
+    const KernelAttributes& a = k.attrs;
+    switch (raw(attr)) {
+      case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+        value->priority = k.priority;
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+        value->cooperative = a.cooperative;
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+        value->clusterDim.x = a.cluster[0];
+        value->clusterDim.y = a.cluster[1];
+        value->clusterDim.z = a.cluster[2];
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+        value->clusterSchedulingPolicyPreference =
+            static_cast<CUclusterSchedulingPolicy>(a.cluster_policy);
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+        value->memSyncDomain = static_cast<CUlaunchMemSyncDomain>(a.mem_sync_domain);
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+        value->memSyncDomainMap.default_ = a.mem_sync_map[0];
+        value->memSyncDomainMap.remote = a.mem_sync_map[1];
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+        value->sharedMemCarveout = a.carveout;
+        return CUDA_SUCCESS;
+      default:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
   });
+}
+
+// One attribute's value checked as the driver checks it, into `a` (or the node's priority).
+CUresult emu::set_launch_attribute(int id, const CUlaunchAttributeValue& v, const unsigned grid[3],
+                                   KernelAttributes& a, int& priority) {
+  switch (id) {
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+      priority = std::clamp(v.priority, kGreatestStreamPriority, kLeastStreamPriority);
+      return CUDA_SUCCESS;
+    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+      a.cooperative = v.cooperative != 0 ? 1 : 0;
+      return CUDA_SUCCESS;
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: {
+      const unsigned cluster[3] = {v.clusterDim.x, v.clusterDim.y, v.clusterDim.z};
+      if (CUresult r = check_cluster(cluster, grid); r != CUDA_SUCCESS) return r;
+      std::copy(cluster, cluster + 3, a.cluster);
+      return CUDA_SUCCESS;
+    }
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      if (v.clusterSchedulingPolicyPreference < CU_CLUSTER_SCHEDULING_POLICY_DEFAULT ||
+          v.clusterSchedulingPolicyPreference > CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      a.cluster_policy = v.clusterSchedulingPolicyPreference;
+      return CUDA_SUCCESS;
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+      if (v.memSyncDomain != CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT &&
+          v.memSyncDomain != CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      a.mem_sync_domain = v.memSyncDomain;
+      return CUDA_SUCCESS;
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+      a.mem_sync_map[0] = v.memSyncDomainMap.default_;
+      a.mem_sync_map[1] = v.memSyncDomainMap.remote;
+      return CUDA_SUCCESS;
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      if (v.sharedMemCarveout > 100 && v.sharedMemCarveout != 0xffffffffu) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      a.carveout = v.sharedMemCarveout;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
 }
 
 EMU_EXPORT CUresult cuGraphKernelNodeSetAttribute(CUgraphNode h, CUkernelNodeAttrID attr,
                                                   const CUkernelNodeAttrValue* value) {
-  return api("cuGraphKernelNodeSetAttribute", [&](Call&) {
+  return api("cuGraphKernelNodeSetAttribute", [&](Call& c) {
+    c.ptr("node", handle_value(h)).arg("attr", raw(attr));
     EMU_REQUIRE_INIT();
     if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
     Lock lock(driver().mu);
     auto n = find_node(h);
     if (!n || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
-    if (raw(attr) != CU_LAUNCH_ATTRIBUTE_PRIORITY) return CUDA_ERROR_NOT_SUPPORTED;
-    std::get<KernelNode>(n->data).priority =
-        std::clamp(value->priority, kGreatestStreamPriority, kLeastStreamPriority);
+    KernelNode& k = std::get<KernelNode>(n->data);
+    // On a copy: a refused value leaves the node as it was.
+    KernelAttributes a = k.attrs;
+    int priority = k.priority;
+    if (CUresult r = set_launch_attribute(raw(attr), *value, k.grid, a, priority);
+        r != CUDA_SUCCESS) {
+      return r;
+    }
+    k.attrs = a;
+    k.priority = priority;
     return CUDA_SUCCESS;
   });
 }
@@ -857,6 +957,7 @@ static CUresult exec_kernel_set(CUgraphExec he, CUgraphNode hn, const P* p, Call
   KernelNode k;
   auto& old = std::get<KernelNode>(it->data);
   k.priority = old.priority;
+  k.attrs = old.attrs;
   if (CUresult r = kernel_node_from_params(p, to_handle<CUcontext>(old.ctx), c, k);
       r != CUDA_SUCCESS) {
     return r;

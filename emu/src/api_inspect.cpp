@@ -208,6 +208,13 @@ std::string describe_node(CUgraphNodeType type, const NodeData& data,
         "\"shared_bytes\":{},\"priority\":{},\"params\":\"{}\"",
         json_string(k->name), module, k->grid[0], k->grid[1], k->grid[2], k->block[0], k->block[1],
         k->block[2], k->shared, k->priority, hex_bytes(k->params));
+    // The launch attributes a restore must reproduce (a GEMM's cluster, ...).
+    const KernelAttributes& a = k->attrs;
+    out += fmt::format(
+        ",\"cluster\":[{},{},{}],\"cluster_policy\":{},\"cooperative\":{},"
+        "\"mem_sync_domain\":{},\"mem_sync_map\":[{},{}],\"carveout\":{}",
+        a.cluster[0], a.cluster[1], a.cluster[2], a.cluster_policy, a.cooperative,
+        a.mem_sync_domain, a.mem_sync_map[0], a.mem_sync_map[1], a.carveout);
   } else if (const auto* m = std::get_if<MemsetNode>(&data)) {
     out += fmt::format(
         ",\"dst\":\"{:#x}\",\"pitch\":{},\"value\":{},\"element_size\":{},\"width\":{},"

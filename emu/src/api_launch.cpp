@@ -5,6 +5,8 @@
 // the kernel's host twin runs on the stream's worker. A twin that touches device
 // memory without access faults like a GPU would: CUDA_ERROR_ILLEGAL_ADDRESS, sticky
 // for the context, instead of a crash.
+#include <optional>
+
 #include "api_common.hpp"
 #include "graph.hpp"
 #include "kernel_exec.hpp"
@@ -22,6 +24,8 @@ struct LaunchConfig {
   unsigned shared;
   CUstream stream;
   bool cooperative = false;
+  KernelAttributes attrs;       // cuLaunchKernelEx's, kept on a captured node
+  std::optional<int> priority;  // the launch's own, over its stream's
 };
 
 CUresult launch(CUfunction f, const LaunchConfig& config, void** kernelParams, void** extra,
@@ -66,7 +70,9 @@ CUresult launch(CUfunction f, const LaunchConfig& config, void** kernelParams, v
   node.name = k.name;
   node.from_extra = kernelParams == nullptr && extra != nullptr;
   // Captured kernels take their stream's priority (used with USE_NODE_PRIORITY).
-  node.priority = (*stream)->priority();
+  node.priority = config.priority.value_or((*stream)->priority());
+  node.attrs = config.attrs;
+  node.attrs.cooperative = config.cooperative ? 1 : 0;
   NodeSpec spec{CU_GRAPH_NODE_TYPE_KERNEL, std::move(node)};
   StreamOp op = op_for_node(spec);
   return submit_locked(*ctx, *stream, std::move(op), std::move(spec));
@@ -102,13 +108,21 @@ static CUresult launch_ex(const CUlaunchConfig* config, CUfunction f, void** ker
                  config->hStream};
   for (unsigned i = 0; i < config->numAttrs; ++i) {
     int id = raw(config->attrs[i].id);
+    if (id < CU_LAUNCH_ATTRIBUTE_IGNORE || id > kLastLaunchAttribute)
+      return CUDA_ERROR_INVALID_VALUE;
     if (id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE) {
       l.cooperative = config->attrs[i].value.cooperative != 0;
-    } else if (id < CU_LAUNCH_ATTRIBUTE_IGNORE || id > kLastLaunchAttribute) {
-      return CUDA_ERROR_INVALID_VALUE;
+      continue;
     }
-    // Other attributes (priority, clusters, programmatic serialization, …) change
-    // scheduling on a GPU, not results: accepted and ignored.
+    // Cluster, priority, memory-sync and carveout attributes are checked and kept on the node
+    // (a capture records them, cuGraphKernelNodeGetAttribute answers them); the others
+    // (programmatic serialization, events, ...) change scheduling on a GPU, not results:
+    // accepted and ignored.
+    int priority = 0;
+    const CUresult r = set_launch_attribute(id, config->attrs[i].value, l.grid, l.attrs, priority);
+    if (r == CUDA_ERROR_NOT_SUPPORTED) continue;
+    if (r != CUDA_SUCCESS) return r;
+    if (id == CU_LAUNCH_ATTRIBUTE_PRIORITY) l.priority = priority;
   }
   return launch(f, l, kernelParams, extra, ptds, c);
 }

@@ -20,6 +20,29 @@ namespace emu {
 struct Context;
 class Call;
 
+// The launch attributes a kernel node keeps besides its priority (cuGraphKernelNodeGet/
+// SetAttribute; a cuLaunchKernelEx captured with them). On a GPU they change how the kernel is
+// scheduled (a cluster of CTAs, a memory-sync domain), not what the host twin computes; they are
+// kept so that a graph's attributes read back as a driver answers them.
+struct KernelAttributes {
+  unsigned cluster[3] = {0, 0, 0};  // all 0: no cluster
+  int cluster_policy = 0;           // CUclusterSchedulingPolicy
+  int cooperative = 0;
+  int mem_sync_domain = 0;                 // CUlaunchMemSyncDomain
+  unsigned char mem_sync_map[2] = {0, 0};  // default, remote
+  unsigned carveout = 0xffffffffu;         // CU_SHAREDMEM_CARVEOUT_DEFAULT
+};
+
+// The checks the driver makes of a cluster: every dimension at least 1, at most 8 CTAs (the
+// portable size; the emulator offers no non-portable sizes), the grid a whole number of clusters.
+// CUDA_ERROR_INVALID_CLUSTER_SIZE otherwise, as the driver answers.
+CUresult check_cluster(const unsigned cluster[3], const unsigned grid[3]);
+// A launch attribute (cuLaunchKernelEx, cuGraphKernelNodeSetAttribute) checked as the driver
+// checks it and stored in `a` (PRIORITY: in `priority`); CUDA_ERROR_NOT_SUPPORTED for those the
+// emulator does not keep.
+CUresult set_launch_attribute(int id, const CUlaunchAttributeValue& v, const unsigned grid[3],
+                              KernelAttributes& a, int& priority);
+
 struct KernelNode {
   std::uint64_t function = 0;  // a CUfunction handle of the node's context
   std::uint64_t ctx = 0;
@@ -31,6 +54,7 @@ struct KernelNode {
   const ThawEmuTwin* twin = nullptr;  // resolved when the node is made
   std::string name;                   // mangled kernel name, for errors
   int priority = 0;
+  KernelAttributes attrs;
   bool from_extra = false;  // set through `extra`: GetParams answers in the same form
 };
 

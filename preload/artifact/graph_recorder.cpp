@@ -169,6 +169,12 @@ std::optional<std::string> GraphRecorder::walk(CUgraph graph, RecordedGraph& out
       case NodeType::kernel: {
         KernelNode k;
         if (auto why = describe_kernel(node, k)) return why;
+        if (auto why = kernel_attributes(node, k)) {
+          // Recorded, but as a node no restore rebuilds (the whole graph then is not restored).
+          n.type = NodeType::other;
+          unrestorable(fmt::format("kernel {}: {}", k.kernel.name, *why));
+          break;
+        }
         n.kernel = std::move(k);
         break;
       }
@@ -267,13 +273,68 @@ std::optional<std::string> GraphRecorder::describe_kernel(CUgraphNode node, Kern
     return fmt::format("kernel {}: the node holds no parameter values", out.kernel.name);
   }
 
+  return std::nullopt;
+}
+
+// The node attributes that change how the kernel runs (CUDA 13's CU_KERNEL_NODE_ATTRIBUTE_*). A
+// query the driver refuses is an attribute it does not have (older drivers lack some): the
+// default. A value a record cannot hold makes the node unrestorable (the caller records it as
+// "other"), never silently dropped: a GEMM rebuilt without its cluster runs another
+// configuration.
+std::optional<std::string> GraphRecorder::kernel_attributes(CUgraphNode node, KernelNode& out) {
+  auto read = [&](CUlaunchAttributeID id, CUkernelNodeAttrValue& v) {
+    v = {};
+    return driver_.kernel_attribute(node, id, v) == CUDA_SUCCESS;
+  };
   CUkernelNodeAttrValue v{};
-  if (driver_.kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, v) == CUDA_SUCCESS) {
-    out.cooperative = static_cast<std::uint32_t>(v.cooperative);
+  if (read(CU_LAUNCH_ATTRIBUTE_COOPERATIVE, v)) out.cooperative = v.cooperative != 0 ? 1 : 0;
+  if (read(CU_LAUNCH_ATTRIBUTE_PRIORITY, v)) out.priority = static_cast<std::uint32_t>(v.priority);
+  if (read(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, v)) {
+    out.cluster = {v.clusterDim.x, v.clusterDim.y, v.clusterDim.z};
+    const bool none = out.cluster == std::array<std::uint32_t, 3>{0, 0, 0};
+    if (!none && (v.clusterDim.x == 0 || v.clusterDim.y == 0 || v.clusterDim.z == 0)) {
+      return fmt::format("cluster dimension [{}, {}, {}]", v.clusterDim.x, v.clusterDim.y,
+                         v.clusterDim.z);
+    }
   }
-  v = {};
-  if (driver_.kernel_attribute(node, CU_LAUNCH_ATTRIBUTE_PRIORITY, v) == CUDA_SUCCESS) {
-    out.priority = static_cast<std::uint32_t>(v.priority);
+  if (read(CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, v)) {
+    const auto policy = static_cast<std::uint32_t>(v.clusterSchedulingPolicyPreference);
+    if (policy > graphs::kMaxClusterSchedulingPolicy) {
+      return fmt::format("cluster scheduling policy {}", policy);
+    }
+    out.cluster_scheduling = policy;
+  }
+  if (read(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, v)) {
+    const auto domain = static_cast<std::uint32_t>(v.memSyncDomain);
+    if (domain > graphs::kMaxMemSyncDomain) return fmt::format("memory sync domain {}", domain);
+    out.mem_sync_domain = domain;
+  }
+  if (read(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP, v)) {
+    out.mem_sync_domain_map = {v.memSyncDomainMap.default_, v.memSyncDomainMap.remote};
+  }
+  if (read(CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, v)) {
+    if (v.sharedMemCarveout > 100 && v.sharedMemCarveout != graphs::kCarveoutDefault) {
+      return fmt::format("shared memory carveout {}", v.sharedMemCarveout);
+    }
+    out.carveout = v.sharedMemCarveout;
+  }
+  // Set, these are not in the record's model: the node is not rebuilt rather than rebuilt
+  // wrong (an access policy window names addresses; a preferred cluster and device updates
+  // change how the node launches).
+  if (read(CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, v) && v.accessPolicyWindow.num_bytes != 0) {
+    return std::string("an access policy window");
+  }
+  if (read(CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION, v) &&
+      (v.preferredClusterDim.x | v.preferredClusterDim.y | v.preferredClusterDim.z) != 0) {
+    return std::string("a preferred cluster dimension");
+  }
+  if (read(CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE, v) &&
+      v.deviceUpdatableKernelNode.deviceUpdatable != 0) {
+    return std::string("device-updatable");
+  }
+  if (read(CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING, v) &&
+      v.nvlinkUtilCentricScheduling != 0) {
+    return std::string("NVLink-utilization-centric scheduling");
   }
   return std::nullopt;
 }
@@ -362,6 +423,21 @@ std::optional<std::string> GraphRecorder::module_digest(CUmodule m) {
     module_digests_[m] = *found;
   }
   return found;
+}
+
+void GraphRecorder::unrestorable(const std::string& why) {
+  bool first = false;
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.unrestorable_kernels;
+    first = unrestorable_reasons_.insert(why).second;
+  }
+  if (first && notice_) {
+    notice_(
+        "a kernel node is recorded as not restorable (launch attribute the record cannot "
+        "hold): " +
+        why);
+  }
 }
 
 void GraphRecorder::omit(const std::string& why) {

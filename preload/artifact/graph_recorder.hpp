@@ -31,6 +31,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +81,9 @@ struct GraphRecorderStats {
   std::uint64_t modules_loaded = 0;  // images digested
   std::uint64_t image_bytes = 0;     // bytes digested
   std::uint64_t walk_ns = 0;         // spent walking graphs at the end of captures
+  // Kernel nodes recorded as "other" (no restore rebuilds them): a launch attribute set that
+  // the record cannot hold (an access policy window, a preferred cluster, ...).
+  std::uint64_t unrestorable_kernels = 0;
 };
 
 class GraphRecorder {
@@ -125,10 +129,13 @@ class GraphRecorder {
   // The walk of one graph, outside the lock; the error says why it is incomplete.
   std::optional<std::string> walk(CUgraph graph, graphs::RecordedGraph& out);
   std::optional<std::string> describe_kernel(CUgraphNode node, graphs::KernelNode& out);
+  // The launch attributes (cluster, priority, ...); the error: one a record cannot hold.
+  std::optional<std::string> kernel_attributes(CUgraphNode node, graphs::KernelNode& out);
   std::optional<std::string> kernel_identity(CUfunction f, graphs::KernelIdentity& out);
   // The digest of the module `m` (a function's), learnt from the libraries if needed.
   std::optional<std::string> module_digest(CUmodule m);
   void omit(const std::string& why);
+  void unrestorable(const std::string& why);  // a kernel node recorded as "other"
 
   GraphDriver& driver_;
   std::function<void(const std::string&)> notice_;
@@ -147,6 +154,7 @@ class GraphRecorder {
   std::vector<graphs::RecordedGraph> graphs_;
   std::uint32_t next_index_ = 0;
   std::map<std::string, std::uint64_t> omissions_;  // reason -> graphs
+  std::set<std::string> unrestorable_reasons_;      // said once each
   bool outside_layout_ = false;
   GraphRecorderStats stats_;
 };

@@ -233,6 +233,68 @@ std::expected<GraphRestore::Plan, GraphRestoreResult> GraphRestore::plan_graph_l
   return plan;
 }
 
+// The recorded launch attributes on a rebuilt kernel node (the engine-assisted and transparent
+// restores both build here): those that differ from a new node's defaults. Without its cluster
+// a CUTLASS 3 GEMM runs another configuration or fails to launch. The failure: which attribute,
+// and the driver's answer.
+static std::optional<std::pair<std::string_view, CUresult>> set_recorded_attributes(
+    GraphBuildDriver& driver, CUgraphNode node, const graphs::KernelNode& k) {
+  auto set = [&](CUlaunchAttributeID id, const CUkernelNodeAttrValue& v) {
+    return driver.set_kernel_attribute(node, id, v);
+  };
+  using Refused = std::optional<std::pair<std::string_view, CUresult>>;
+  CUkernelNodeAttrValue v{};
+  if (k.cluster != std::array<std::uint32_t, 3>{0, 0, 0}) {
+    v = {};
+    v.clusterDim.x = k.cluster[0];
+    v.clusterDim.y = k.cluster[1];
+    v.clusterDim.z = k.cluster[2];
+    if (CUresult r = set(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, v); r != CUDA_SUCCESS)
+      return Refused{{"cluster dimension", r}};
+  }
+  if (k.cluster_scheduling != 0) {
+    v = {};
+    v.clusterSchedulingPolicyPreference =
+        static_cast<CUclusterSchedulingPolicy>(k.cluster_scheduling);
+    if (CUresult r = set(CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, v);
+        r != CUDA_SUCCESS)
+      return Refused{{"cluster scheduling policy", r}};
+  }
+  if (k.cooperative != 0) {
+    v = {};
+    v.cooperative = static_cast<int>(k.cooperative);
+    if (CUresult r = set(CU_LAUNCH_ATTRIBUTE_COOPERATIVE, v); r != CUDA_SUCCESS)
+      return Refused{{"cooperative", r}};
+  }
+  if (k.priority != 0) {
+    v = {};
+    v.priority = static_cast<int>(k.priority);
+    if (CUresult r = set(CU_LAUNCH_ATTRIBUTE_PRIORITY, v); r != CUDA_SUCCESS)
+      return Refused{{"priority", r}};
+  }
+  if (k.mem_sync_domain != 0) {
+    v = {};
+    v.memSyncDomain = static_cast<CUlaunchMemSyncDomain>(k.mem_sync_domain);
+    if (CUresult r = set(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, v); r != CUDA_SUCCESS)
+      return Refused{{"memory sync domain", r}};
+  }
+  if (k.mem_sync_domain_map != std::array<std::uint32_t, 2>{0, 0}) {
+    v = {};
+    v.memSyncDomainMap.default_ = static_cast<unsigned char>(k.mem_sync_domain_map[0]);
+    v.memSyncDomainMap.remote = static_cast<unsigned char>(k.mem_sync_domain_map[1]);
+    if (CUresult r = set(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP, v); r != CUDA_SUCCESS)
+      return Refused{{"memory sync domain map", r}};
+  }
+  if (k.carveout != graphs::kCarveoutDefault) {
+    v = {};
+    v.sharedMemCarveout = k.carveout;
+    if (CUresult r = set(CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, v);
+        r != CUDA_SUCCESS)
+      return Refused{{"shared memory carveout", r}};
+  }
+  return std::nullopt;
+}
+
 GraphRestoreResult GraphRestore::build_planned(GraphBuildDriver& driver, const Plan& plan,
                                                CUcontext ctx) {
   const RecordedGraph& g = *plan.graph;
@@ -269,15 +331,11 @@ GraphRestoreResult GraphRestore::build_planned(GraphBuildDriver& driver, const P
       p.kernelParams = params.empty() ? nullptr : params.data();
       p.ctx = ctx;
       r = driver.add_kernel_node(graph, p, nodes[i]);
-      if (r == CUDA_SUCCESS && k.cooperative != 0) {
-        CUkernelNodeAttrValue v{};
-        v.cooperative = static_cast<int>(k.cooperative);
-        r = driver.set_kernel_attribute(nodes[i], CU_KERNEL_NODE_ATTRIBUTE_COOPERATIVE, v);
-      }
-      if (r == CUDA_SUCCESS && k.priority != 0) {
-        CUkernelNodeAttrValue v{};
-        v.priority = static_cast<int>(k.priority);
-        r = driver.set_kernel_attribute(nodes[i], CU_KERNEL_NODE_ATTRIBUTE_PRIORITY, v);
+      if (r == CUDA_SUCCESS) {
+        if (auto refused = set_recorded_attributes(driver, nodes[i], k)) {
+          return fail(fmt::format("node {} ({}): the driver refused its {}: {}", i, k.kernel.name,
+                                  refused->first, error(refused->second)));
+        }
       }
     } else if (n.memset) {
       const graphs::MemsetNode& m = *n.memset;

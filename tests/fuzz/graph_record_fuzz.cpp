@@ -124,6 +124,14 @@ std::vector<std::pair<std::string, GraphRecord>> seed_records() {
                      NodeType::other})
     g.nodes.push_back(bare(t));
   g.nodes.push_back(kernel(digest_of(2), "sm90_xmma_gemm", {{0, 4}, {8, 8}, {40, 8}}, 48));
+  // A CUTLASS 3 GEMM as cuBLAS launches it on an H100: a cluster and its launch attributes.
+  graphs::KernelNode& gemm = *g.nodes.back().kernel;
+  gemm.cluster = {2, 1, 1};
+  gemm.cluster_scheduling = 1;
+  gemm.mem_sync_domain = 1;
+  gemm.mem_sync_domain_map = {0, 1};
+  gemm.carveout = 100;
+  gemm.priority = 2;
   g.edges = {{0, 1}, {1, 2}, {0, 3}, {2, 4}, {3, 4}, {5, 6}, {4, 7}, {6, 7}, {7, 8}};
   all.graphs.push_back(g);
   all.graphs.push_back({2, 0xffff'ffff'ffff'ffff, {kernel(digest_of(3), "k", {}, 0)}, {}});

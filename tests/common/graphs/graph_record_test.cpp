@@ -40,6 +40,11 @@ RecordedNode kernel_node(const std::string& digest, std::string name, std::vecto
   k.param_bytes = bytes(param_bytes);
   k.cooperative = 1;
   k.priority = 3;
+  k.cluster = {2, 2, 1};
+  k.cluster_scheduling = 2;
+  k.mem_sync_domain = 1;
+  k.mem_sync_domain_map = {0, 1};
+  k.carveout = 50;
   return {NodeType::kernel, k, std::nullopt, std::nullopt};
 }
 
@@ -127,14 +132,16 @@ TEST(GraphRecord, TextFormIsTheDocumentedOne) {
   r.graphs.push_back(g);
   const std::string a64(64, 'a');
   EXPECT_EQ(graph_record_to_json(r),
-            R"({"version":2,"identity":{"engine":"e","model":"m","gpu":"g","driver":"12040"},)"
+            R"({"version":3,"identity":{"engine":"e","model":"m","gpu":"g","driver":"12040"},)"
             R"("modules":[{"digest":")" +
                 a64 +
                 R"(","bytes":10,"kind":"cubin"}],"graphs":[{"index":0,"allocation_index":7,)"
                 R"("nodes":[{"type":"kernel","kernel":{"module_digest":")" +
                 a64 +
                 R"(","name":"k","grid":[128,4,2],"block":[256,1,1],"shared_bytes":49152,)"
-                R"("params":[[0,2]],"param_bytes":"052a","cooperative":1,"priority":3}},)"
+                R"("params":[[0,2]],"param_bytes":"052a","cooperative":1,"priority":3,)"
+                R"("cluster":[2,2,1],"cluster_scheduling":2,"mem_sync_domain":1,)"
+                R"("mem_sync_domain_map":[0,1],"carveout":50}},)"
                 R"({"type":"memset","memset":{"dst":16,"pitch":0,"value":255,"element_size":1,)"
                 R"("width":8,"height":1}}],"edges":[[0,1]],"label":""}]})");
 }
@@ -194,21 +201,24 @@ TEST(GraphRecordRefuses, NestingDeeperThanTheFormat) {
 
 TEST(GraphRecordRefuses, DuplicateKeys) {
   std::string text = graph_record_to_json(rich());
-  text.insert(1, R"("version":2,)");
+  text.insert(1, R"("version":3,)");
   GraphRecord out;
   EXPECT_EQ(parse_graph_record(text, out), "record: field \"version\" appears twice in one object");
 }
 
 TEST(GraphRecordRefuses, OtherVersions) {
-  // Version 1 had no graph labels: its records are refused, as any other version's.
+  // Version 1 had no graph labels, version 2 no kernel launch attributes (a restore from it
+  // would drop a GEMM's cluster): their records are refused, as any other version's.
   EXPECT_EQ(refused([](json& d) { d["version"] = 1; }),
-            "version: is 1, not 2 (the version this build reads)");
-  EXPECT_EQ(refused([](json& d) { d["version"] = 3; }),
-            "version: is 3, not 2 (the version this build reads)");
-  EXPECT_EQ(refused([](json& d) { d["version"] = "2"; }),
-            "version: is a string, not 2 (the version this build reads)");
-  EXPECT_EQ(refused([](json& d) { d["version"] = 2.0; }),
-            "version: is a number with a fraction or an exponent, not 2 (the version this build "
+            "version: is 1, not 3 (the version this build reads)");
+  EXPECT_EQ(refused([](json& d) { d["version"] = 2; }),
+            "version: is 2, not 3 (the version this build reads)");
+  EXPECT_EQ(refused([](json& d) { d["version"] = 4; }),
+            "version: is 4, not 3 (the version this build reads)");
+  EXPECT_EQ(refused([](json& d) { d["version"] = "3"; }),
+            "version: is a string, not 3 (the version this build reads)");
+  EXPECT_EQ(refused([](json& d) { d["version"] = 3.0; }),
+            "version: is a number with a fraction or an exponent, not 3 (the version this build "
             "reads)");
   EXPECT_EQ(refused([](json& d) { d.erase("version"); }), "record: no field \"version\"");
 }
@@ -226,6 +236,45 @@ TEST(GraphRecordRefuses, UnknownAndMissingFields) {
             "modules[2]: no field \"kind\"");
   EXPECT_EQ(refused([](json& d) { d["graphs"][0]["nodes"][3]["x\n\"y"] = 1; }),
             "graphs[0].nodes[3]: unknown field \"x\\x0a\\x22y\"");
+}
+
+TEST(GraphRecordRefuses, LaunchAttributesOutOfRange) {
+  EXPECT_EQ(refused([](json& d) { kernel0(d).erase("cluster"); }),
+            "graphs[0].nodes[0].kernel: no field \"cluster\"");
+  EXPECT_EQ(refused([](json& d) {
+              kernel0(d)["cluster"] = json::array({2, 1});
+            }),
+            "graphs[0].nodes[0].kernel.cluster: is an array, not an array [x, y, z]");
+  EXPECT_EQ(refused([](json& d) {
+              kernel0(d)["cluster"] = json::array({2, 0, 1});
+            }),
+            "graphs[0].nodes[0].kernel.cluster: is [2, 0, 1]: all 0 (no cluster) or each at "
+            "least 1");
+  EXPECT_EQ(refused([](json& d) { kernel0(d)["cluster"][2] = -1; }),
+            "graphs[0].nodes[0].kernel.cluster[2]: is -1, not an unsigned integer");
+  EXPECT_EQ(refused([](json& d) { kernel0(d)["cluster_scheduling"] = 3; }),
+            "graphs[0].nodes[0].kernel.cluster_scheduling: is 3, above 2");
+  EXPECT_EQ(refused([](json& d) { kernel0(d)["mem_sync_domain"] = 2; }),
+            "graphs[0].nodes[0].kernel.mem_sync_domain: is 2, above 1");
+  EXPECT_EQ(refused([](json& d) { kernel0(d)["mem_sync_domain_map"][1] = 256; }),
+            "graphs[0].nodes[0].kernel.mem_sync_domain_map[1]: is 256, above 255");
+  EXPECT_EQ(refused([](json& d) { kernel0(d)["mem_sync_domain_map"] = 0; }),
+            "graphs[0].nodes[0].kernel.mem_sync_domain_map: is 0, not an array [default, remote]");
+  EXPECT_EQ(refused([](json& d) { kernel0(d)["carveout"] = 101; }),
+            "graphs[0].nodes[0].kernel.carveout: is 101, not a percentage (0..100) or 4294967295 "
+            "(the default)");
+}
+
+TEST(GraphRecord, NoClusterAndTheDefaultCarveoutRoundTrip) {
+  GraphRecord r = rich();
+  KernelNode& k = *r.graphs[0].nodes[0].kernel;
+  k.cluster = {0, 0, 0};
+  k.carveout = kCarveoutDefault;
+  k.mem_sync_domain_map = {255, 7};
+  const auto back = graph_record_from_json(graph_record_to_json(r));
+  ASSERT_TRUE(back.has_value()) << back.error();
+  EXPECT_EQ(*back, r);
+  EXPECT_NE(r, rich());  // the attributes are part of the comparison
 }
 
 TEST(GraphRecordRefuses, FieldsOfTheWrongType) {
