@@ -215,6 +215,8 @@ void CoordinatorLink::run() {
                                  reply->plan().id(), reply->plan().stages()));
       } else if (!reply->error().empty()) {
         options_.log(LOG_WARNING, fmt::format("coordinator: {}", reply->error()));
+        // A refused cold start (load replies carry no model): its held requests fail now.
+        if (!reply->model().empty()) router_.cold_start_refused(reply->model(), reply->error());
       }
     }
   }

@@ -335,10 +335,13 @@ void GatewayServer::install_handlers() {
         case RouteError::Kind::queue_full:
         case RouteError::Kind::deadline:
         case RouteError::Kind::stopping:
+        case RouteError::Kind::cold_start_refused:
           res.set_header("Retry-After", std::to_string(options_.retry_after_s));
           return send_error(res, 503, lease.error().message, "server_error",
                             lease.error().kind == RouteError::Kind::queue_full ? "queue_full"
-                                                                               : "model_not_ready");
+                            : lease.error().kind == RouteError::Kind::cold_start_refused
+                                ? "cold_start_refused"
+                                : "model_not_ready");
       }
     }
     std::shared_ptr<Lease> worker = std::move(*lease);

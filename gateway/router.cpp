@@ -135,9 +135,11 @@ std::expected<std::unique_ptr<Lease>, RouteError> Router::acquire(
   ++entry.held;
   std::unique_ptr<Lease> lease;
   bool timed_out = false;
+  const std::uint64_t refusals = entry.refusals;
   for (;;) {
     if (stopping_ || !entry.listed) break;
     if ((lease = pick_locked(entry))) break;
+    if (entry.refusals != refusals) break;
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       timed_out = true;
@@ -170,9 +172,27 @@ std::expected<std::unique_ptr<Lease>, RouteError> Router::acquire(
   if (stopping_) {
     return std::unexpected(RouteError{RouteError::Kind::stopping, "the gateway is stopping"});
   }
+  if (entry.listed && entry.refusals != refusals) {
+    return std::unexpected(
+        RouteError{RouteError::Kind::cold_start_refused,
+                   fmt::format("model `{}` could not be started: {}", model, entry.refusal)});
+  }
   return std::unexpected(
       RouteError{RouteError::Kind::unknown_model,
                  fmt::format("the model `{}` was removed while the request waited for it", model)});
+}
+
+void Router::cold_start_refused(const std::string& model, const std::string& why) {
+  {
+    std::lock_guard lock(mutex_);
+    auto it = models_.find(model);
+    if (it == models_.end() || !it->second.serving.empty() || cold_starting_locked(it->second)) {
+      return;
+    }
+    ++it->second.refusals;
+    it->second.refusal = why;
+  }
+  changed_.notify_all();
 }
 
 void Router::stop() {

@@ -72,7 +72,7 @@ class Lease {
 };
 
 struct RouteError {
-  enum class Kind { unknown_model, queue_full, deadline, stopping };
+  enum class Kind { unknown_model, queue_full, deadline, stopping, cold_start_refused };
   Kind kind;
   std::string message;  // for the client's error body
 };
@@ -105,6 +105,10 @@ class Router {
 
   // A worker refused a connection: pass it over for `for_how_long` while others serve.
   void mark_unreachable(const std::string& url, std::chrono::milliseconds for_how_long);
+
+  // The cold start asked for `model` was refused (`why`): its held requests fail now with that
+  // reason, unless a worker of it is starting or serving after all.
+  void cold_start_refused(const std::string& model, const std::string& why);
 
   // Fails every held request and every later acquire (shutdown).
   void stop();
@@ -143,7 +147,9 @@ class Router {
     std::uint64_t arrivals = 0;
     std::chrono::steady_clock::time_point last_cold_start_ask{};
     bool asked = false;
-    bool listed = true;  // in the current table (an unlisted entry lives while requests do)
+    bool listed = true;          // in the current table (an unlisted entry lives while requests do)
+    std::uint64_t refusals = 0;  // cold starts refused: held requests compare it to theirs
+    std::string refusal;         // the last one's reason
   };
   std::unique_ptr<Lease> pick_locked(ModelEntry& entry);
   bool cold_starting_locked(const ModelEntry& entry) const;

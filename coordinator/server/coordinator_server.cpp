@@ -219,6 +219,7 @@ void CoordinatorServer::on_frontend_frames() {
       deployed_.insert(request->deploy().model().name());
     }
     if (request->body_case() == v1::FrontendRequest::kColdStart) {
+      reply.set_model(request->cold_start().model());
       options_.log(
           LOG_NOTICE,
           reply.error().empty()

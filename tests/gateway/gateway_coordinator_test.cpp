@@ -216,6 +216,24 @@ TEST_F(GatewayCoordinatorTest, RoutesColdStartAndLoadThroughARealCoordinator) {
       << "one ask for two held requests";
 }
 
+TEST_F(GatewayCoordinatorTest, ARefusedColdStartFailsHeldRequestsAtOnceWithTheReason) {
+  deploy("m");  // and no node at all: Alg. 1 has nowhere to put it
+  RouterOptions ro;
+  ro.hold_deadline = 20s;
+  ControlPlane* control = nullptr;
+  Router router(ro, [&](const std::string& model) { control->request_cold_start(model); });
+  auto link = CoordinatorLink::start({frontend_, "gw-refused", 200ms, {}}, router);
+  ASSERT_TRUE(link) << link.error();
+  control = link->get();
+  ASSERT_TRUE(until([&] { return router.knows("m"); }, 5s));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto lease = router.acquire("m");
+  ASSERT_FALSE(lease);
+  EXPECT_EQ(lease.error().kind, RouteError::Kind::cold_start_refused) << lease.error().message;
+  EXPECT_NE(lease.error().message.find("no live node"), std::string::npos) << lease.error().message;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
 TEST_F(GatewayCoordinatorTest, ARestartedCoordinatorResubscribesTheGateway) {
   deploy("m");
   Router router(RouterOptions{}, nullptr);

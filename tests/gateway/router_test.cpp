@@ -196,6 +196,31 @@ TEST(Router, ColdStartAskThatAnswersAtOnceIsSeen) {
   EXPECT_LT(Clock::now() - t0, 500ms);
 }
 
+TEST(Router, RefusedColdStartFailsHeldRequestsWithItsReason) {
+  Router* self = nullptr;
+  std::thread coordinator;  // answers the ask a little later, as a real one does
+  Router router(quick(4, 10'000ms), [&](const std::string& m) {
+    coordinator = std::thread([&, m] {
+      std::this_thread::sleep_for(50ms);
+      self->cold_start_refused(m, "no live node has room");
+    });
+  });
+  self = &router;
+  router.replace({{"m", {}}});
+  const auto t0 = Clock::now();
+  auto lease = router.acquire("m");
+  ASSERT_FALSE(lease);
+  EXPECT_EQ(lease.error().kind, RouteError::Kind::cold_start_refused);
+  EXPECT_NE(lease.error().message.find("no live node has room"), std::string::npos);
+  EXPECT_LT(Clock::now() - t0, 2s);
+  coordinator.join();
+  // A refusal while a cold start is under way (another gateway's, say) changes nothing.
+  router.replace({{"m", {starting()}}});
+  router.cold_start_refused("m", "late");
+  EXPECT_FALSE(router.acquire("m", Clock::now() + 100ms).has_value());
+  EXPECT_EQ(router.acquire("m", Clock::now() + 100ms).error().kind, RouteError::Kind::deadline);
+}
+
 TEST(Router, StopFailsHeldRequests) {
   Router router(quick(4, 10'000ms), nullptr);
   router.replace({{"m", {starting()}}});
