@@ -7,12 +7,14 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -320,6 +322,48 @@ TEST_F(ShaperNetns, BackgroundYieldsToCriticalWithinOneSecond) {
   EXPECT_GE(bg_alone, 0.8 * kShaped) << "alone, background should use the idle link";
   EXPECT_GE(crit_share, 0.9);
   EXPECT_GE(crit_rate, 0.8 * kShaped) << "critical should get the link, not just a share of it";
+}
+
+TEST_F(ShaperNetns, EngineCgroupIsInferenceWithoutMarksOrPorts) {
+  // An engine in its own cgroup v2 (as in a systemd transient unit) sends from an unmarked
+  // socket on an arbitrary port: the cgroup id alone makes its uploads inference.
+  std::string root;
+  for (const char* r : {"/sys/fs/cgroup/unified", "/sys/fs/cgroup"})
+    if (std::filesystem::exists(std::string(r) + "/cgroup.procs") &&
+        capture(fmt::format("stat -f -c %T {}", r)).find("cgroup2") != std::string::npos) {
+      root = r;
+      break;
+    }
+  if (root.empty()) GTEST_SKIP() << "no cgroup v2 hierarchy mounted";
+  std::string dir = fmt::format("{}/thaw-net-test-{}", root, getpid());
+  ASSERT_TRUE(std::filesystem::create_directory(dir));
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  start();
+  ASSERT_TRUE(shaper_.add_inference_cgroup(st.st_ino).has_value());
+  int rx = socket_in(net_->peer, SOCK_DGRAM);
+  sockaddr_in to = addr("10.77.0.2", 9998);
+  ASSERT_EQ(bind(rx, reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
+  auto before = shaper_.counters();
+  pid_t child = fork();
+  if (child == 0) {
+    std::ofstream(dir + "/cgroup.procs") << getpid() << std::endl;
+    int fd = ::socket(AF_INET, SOCK_DGRAM, 0);  // made inside the cgroup: carries its id
+    char buf[100] = {};
+    for (int i = 0; i < 100; ++i)
+      sendto(fd, buf, sizeof buf, 0, reinterpret_cast<const sockaddr*>(&to), sizeof to);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  auto after = shaper_.counters();
+  close(rx);
+  std::filesystem::remove(dir);
+  ASSERT_TRUE(before && after);
+  std::uint64_t inf = after->classes[THAW_DIR_EGRESS][THAW_CLASS_INFERENCE].packets -
+                      before->classes[THAW_DIR_EGRESS][THAW_CLASS_INFERENCE].packets;
+  fmt::print("cgroup {} ({}): {} of 100 datagrams classed inference\n", st.st_ino, dir, inf);
+  EXPECT_EQ(inf, 100u);
 }
 
 TEST_F(ShaperNetns, ClassRatesChangeInPlaceAndBadRatesAreRefused) {
