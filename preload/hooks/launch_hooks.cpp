@@ -63,6 +63,18 @@ CUresult launch(Hook h, CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   return fn(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
 }
 
+// cuLaunchKernelEx: elided like cuLaunchKernel when its attributes are the recorded node's
+// (cuBLAS / CUTLASS 3 launch their sm_90 GEMMs this way, with a cluster).
+CUresult launch_ex(Hook h, const CUlaunchConfig* config, CUfunction f, void** params,
+                   void** extra) {
+  auto fn = real<LaunchKernelExFn>(h);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (eliding()) {
+    if (auto r = transparent_launch_ex(fn, config, f, params, extra)) return *r;
+  }
+  return fn(config, f, params, extra);
+}
+
 // A stream operation the elision does not model: the capture on `stream` falls back first.
 template <typename Fn, typename... Args>
 CUresult unmodelled(Hook h, CUstream stream, const char* what, Args... args) {
@@ -144,16 +156,12 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz
 }
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
-  return unmodelled<decltype(&cuLaunchKernelEx)>(Hook::launch_kernel_ex,
-                                                 config ? config->hStream : nullptr,
-                                                 "cuLaunchKernelEx", config, f, params, extra);
+  return launch_ex(Hook::launch_kernel_ex, config, f, params, extra);
 }
 
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
                                void** extra) {
-  return unmodelled<decltype(&cuLaunchKernelEx_ptsz)>(Hook::launch_kernel_ex_ptsz,
-                                                      config ? config->hStream : nullptr,
-                                                      "cuLaunchKernelEx", config, f, params, extra);
+  return launch_ex(Hook::launch_kernel_ex_ptsz, config, f, params, extra);
 }
 
 CUresult cuEventRecord(CUevent event, CUstream stream) {

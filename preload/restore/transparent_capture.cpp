@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,8 @@ Fn driver_fn(const char* name) {
 struct KeptLaunch {
   enum class Kind { kernel, memset, copy } kind = Kind::kernel;
   LaunchKernelFn real = nullptr;
+  LaunchKernelExFn real_ex = nullptr;    // set: a cuLaunchKernelEx, replayed as one
+  std::vector<CUlaunchAttribute> attrs;  // its attributes, deep-copied
   CUfunction f = nullptr;
   unsigned grid[3]{}, block[3]{}, shared = 0;
   CUstream stream = nullptr;
@@ -195,6 +198,84 @@ std::vector<void*> param_pointers(KeptLaunch& k) {
   return p;
 }
 
+CUlaunchConfig launch_config(KeptLaunch& k) {
+  CUlaunchConfig c{};
+  c.gridDimX = k.grid[0];
+  c.gridDimY = k.grid[1];
+  c.gridDimZ = k.grid[2];
+  c.blockDimX = k.block[0];
+  c.blockDimY = k.block[1];
+  c.blockDimZ = k.block[2];
+  c.sharedMemBytes = k.shared;
+  c.hStream = k.stream;
+  c.attrs = k.attrs.empty() ? nullptr : k.attrs.data();
+  c.numAttrs = static_cast<unsigned>(k.attrs.size());
+  return c;
+}
+
+// Why a launch with `attrs` (cuLaunchKernelEx's; none for cuLaunchKernel) is not the recorded
+// node `n` as to its attributes, or "". The attributes only a launch gives (cluster, its
+// scheduling policy, cooperative, carveout) must be the record's whether the launch sets them
+// or not; those a stream also gives (priority, memory-sync domain and map) are compared when the
+// launch sets them, else they are the stream's in a live capture too. An attribute the record
+// cannot hold (programmatic serialization, events, an access policy window, ...) set to other
+// than its default is not modelled: the capture goes on live.
+std::string attributes_differ(const graphs::KernelNode& n,
+                              std::span<const CUlaunchAttribute> attrs) {
+  graphs::KernelNode launch;  // the launch-only attributes at their defaults
+  for (const CUlaunchAttribute& a : attrs) {
+    const CUlaunchAttributeValue& v = a.value;
+    switch (a.id) {
+      case CU_LAUNCH_ATTRIBUTE_IGNORE:
+        break;
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+        launch.cluster = {v.clusterDim.x, v.clusterDim.y, v.clusterDim.z};
+        break;
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+        launch.cluster_scheduling = static_cast<std::uint32_t>(v.clusterSchedulingPolicyPreference);
+        break;
+      case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+        launch.cooperative = v.cooperative != 0 ? 1 : 0;
+        break;
+      case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+        launch.carveout = v.sharedMemCarveout;
+        break;
+      case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+        if (static_cast<std::uint32_t>(v.priority) != n.priority)
+          return fmt::format("priority differs ({})", n.kernel.name);
+        break;
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+        if (static_cast<std::uint32_t>(v.memSyncDomain) != n.mem_sync_domain)
+          return fmt::format("memory sync domain differs ({})", n.kernel.name);
+        break;
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+        if (v.memSyncDomainMap.default_ != n.mem_sync_domain_map[0] ||
+            v.memSyncDomainMap.remote != n.mem_sync_domain_map[1])
+          return fmt::format("memory sync domain map differs ({})", n.kernel.name);
+        break;
+      default: {
+        // Unmodelled: harmless only at its default (all zero bytes).
+        static constexpr CUlaunchAttributeValue kZero{};
+        if (std::memcmp(&v, &kZero, sizeof v) != 0)
+          return fmt::format("launch attribute {} (not modelled) on {}", static_cast<int>(a.id),
+                             n.kernel.name);
+      }
+    }
+  }
+  if (launch.cluster != n.cluster) {
+    return fmt::format("cluster dimension [{}, {}, {}] where the record has [{}, {}, {}] ({})",
+                       launch.cluster[0], launch.cluster[1], launch.cluster[2], n.cluster[0],
+                       n.cluster[1], n.cluster[2], n.kernel.name);
+  }
+  if (launch.cluster_scheduling != n.cluster_scheduling)
+    return fmt::format("cluster scheduling policy differs ({})", n.kernel.name);
+  if (launch.cooperative != n.cooperative)
+    return fmt::format("cooperative differs ({})", n.kernel.name);
+  if (launch.carveout != n.carveout)
+    return fmt::format("shared memory carveout differs ({})", n.kernel.name);
+  return "";
+}
+
 // The kept launches into the real capture, in order: launched on the stream (nothing captured
 // meanwhile), else added as a chain before the nodes the driver captured already (the graph a
 // live capture would have given). Returns the first error.
@@ -205,11 +286,16 @@ CUresult replay(Elision& e, std::string& why) {
   if (present.empty()) {
     for (KeptLaunch& k : e.kept) {
       std::vector<void*> p = param_pointers(k);
-      const CUresult r =
-          k.kind != KeptLaunch::Kind::kernel
-              ? k.call()
-              : k.real(k.f, k.grid[0], k.grid[1], k.grid[2], k.block[0], k.block[1], k.block[2],
-                       k.shared, k.stream, p.empty() ? nullptr : p.data(), nullptr);
+      CUresult r = CUDA_SUCCESS;
+      if (k.kind != KeptLaunch::Kind::kernel) {
+        r = k.call();
+      } else if (k.real_ex != nullptr) {
+        const CUlaunchConfig config = launch_config(k);
+        r = k.real_ex(&config, k.f, p.empty() ? nullptr : p.data(), nullptr);
+      } else {
+        r = k.real(k.f, k.grid[0], k.grid[1], k.grid[2], k.block[0], k.block[1], k.block[2],
+                   k.shared, k.stream, p.empty() ? nullptr : p.data(), nullptr);
+      }
       if (r != CUDA_SUCCESS) {
         why = fmt::format("replaying a kept launch failed: CUresult {}", static_cast<int>(r));
         return r;
@@ -283,7 +369,13 @@ CUresult replay(Elision& e, std::string& why) {
     params.kernelParams = p.empty() ? nullptr : p.data();
     params.ctx = ctx;
     CUgraphNode node = nullptr;
-    const CUresult r = add_kernel(&node, graph, last ? &last : nullptr, last ? 1 : 0, &params);
+    CUresult r = add_kernel(&node, graph, last ? &last : nullptr, last ? 1 : 0, &params);
+    using SetAttr = CUresult (*)(CUgraphNode, CUkernelNodeAttrID, const CUkernelNodeAttrValue*);
+    static const auto set_attr = driver_fn<SetAttr>("cuGraphKernelNodeSetAttribute");
+    for (const CUlaunchAttribute& a : k.attrs) {
+      if (r != CUDA_SUCCESS || a.id == CU_LAUNCH_ATTRIBUTE_IGNORE) continue;
+      r = set_attr != nullptr ? set_attr(node, a.id, &a.value) : CUDA_ERROR_NOT_SUPPORTED;
+    }
     if (r != CUDA_SUCCESS) {
       why = fmt::format("adding a kept launch to the capture failed: CUresult {}",
                         static_cast<int>(r));
@@ -507,10 +599,61 @@ std::optional<CUresult> transparent_launch(LaunchKernelFn real, CUfunction f, un
                         graphs::to_string(recorded.type));
     } else {
       why = differs(*recorded.kernel, e.match.functions[node], k, params, extra);
+      if (why.empty()) why = attributes_differ(*recorded.kernel, {});
     }
     const graphs::KernelNode* nk = recorded.kernel ? &*recorded.kernel : nullptr;
     if (why.empty()) {
       const graphs::KernelNode& n = *nk;
+      k.bytes = n.param_bytes;  // equal to the launch's, byte for byte
+      for (const graphs::ParamSlot& slot : n.params) k.offsets.push_back(slot.offset);
+    }
+  }
+  if (!why.empty()) {
+    const CUresult r = fall_back(s, it, "launch mismatch", why);
+    if (r != CUDA_SUCCESS) return r;
+    return std::nullopt;
+  }
+  e.kept.push_back(std::move(k));
+  ++e.next;
+  return CUDA_SUCCESS;
+}
+
+std::optional<CUresult> transparent_launch_ex(LaunchKernelExFn real, const CUlaunchConfig* config,
+                                              CUfunction f, void** params, void** extra) {
+  if (config == nullptr || (config->numAttrs > 0 && config->attrs == nullptr)) {
+    return std::nullopt;  // the driver's error, capturing nothing
+  }
+  if (ReentryGuard::inside()) return std::nullopt;
+  ReentryGuard guard;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  std::optional<CUresult> forward;
+  auto it = elided(s, config->hStream, forward);
+  if (it == s.active.end()) return forward;
+  Elision& e = *it;
+  KeptLaunch k;
+  k.real_ex = real;
+  k.f = f;
+  k.grid[0] = config->gridDimX, k.grid[1] = config->gridDimY, k.grid[2] = config->gridDimZ;
+  k.block[0] = config->blockDimX, k.block[1] = config->blockDimY, k.block[2] = config->blockDimZ;
+  k.shared = config->sharedMemBytes;
+  k.stream = config->hStream;
+  k.attrs.assign(config->attrs, config->attrs + config->numAttrs);  // the caller's may go
+  std::string why;
+  if (e.next >= e.match.chain.size()) {
+    why = "more launches than the recorded graph has nodes";
+  } else {
+    const std::uint32_t node = e.match.chain[e.next];
+    const graphs::RecordedNode& recorded = e.match.graph->nodes[node];
+    if (!recorded.kernel) {
+      why = fmt::format("a kernel launch where the record has a {} node",
+                        graphs::to_string(recorded.type));
+    } else {
+      why = differs(*recorded.kernel, e.match.functions[node], k, params, extra);
+      if (why.empty()) why = attributes_differ(*recorded.kernel, k.attrs);
+    }
+    if (why.empty()) {
+      const graphs::KernelNode& n = *recorded.kernel;
       k.bytes = n.param_bytes;  // equal to the launch's, byte for byte
       for (const graphs::ParamSlot& slot : n.params) k.offsets.push_back(slot.offset);
     }

@@ -5,19 +5,19 @@
 //
 // The capture itself is begun and ended FOR REAL with the driver, so every query and every
 // call the shim does not hook keeps the driver's semantics. While a capture is elided the hooks
-// of kernel launches (cuLaunchKernel), memsets (cuMemsetD8/D16/D32Async) and device-to-device
+// of kernel launches (cuLaunchKernel, cuLaunchKernelEx with the launch attributes a record
+// holds: cluster, priority, ...), memsets (cuMemsetD8/D16/D32Async) and device-to-device
 // copies (cuMemcpyDtoDAsync) on its stream do not forward: each call is compared with the next
 // node of the recorded chain (a kernel's function as GraphRestore resolves the record's module
 // digest + name, grid, block, dynamic shared memory, each parameter's bytes; a memset's or a
 // copy's addresses, sizes and value) and kept, its arguments deep-copied (the driver copies
 // kernel parameters at launch, so must the shim). The first mismatch — or a hooked call on the
-// stream the elision does not model (an event record or wait, cuLaunchKernelEx, host
-// functions, graph launches, a capture-info query for the graph or its dependencies), or a
-// node the driver captured meanwhile (checked at every elided call and at the end) — stops the
-// elision: the kept calls are replayed into the real capture in order (or, when the driver
-// captured nodes already, added before them as a chain), then the current call is forwarded;
-// one log line says which graph, which node and why, and the reason is counted. The result is
-// always what a live capture gives.
+// stream the elision does not model (an event record or wait, host functions, graph launches, a
+// capture-info query for the graph or its dependencies), or a node the driver captured meanwhile
+// (checked at every elided call and at the end) — stops the elision: the kept calls are replayed
+// into the real capture in order (or, when the driver captured nodes already, added before them as
+// a chain), then the current call is forwarded; one log line says which graph, which node and why,
+// and the reason is counted. The result is always what a live capture gives.
 //
 // Hot path: with nothing elided each of these hooks costs one relaxed atomic load (eliding())
 // besides the lookup of the driver's function every hook makes.
@@ -62,11 +62,18 @@ std::optional<TransparentEnd> transparent_capture_ending(CUstream stream);
 CUresult transparent_capture_ended(CUresult r, CUgraph driver_graph, const TransparentEnd& end,
                                    CUgraph* out);
 
+using LaunchKernelExFn = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+
 // The launch hooks: nullopt when the call is to be forwarded to the driver.
 std::optional<CUresult> transparent_launch(LaunchKernelFn real, CUfunction f, unsigned gx,
                                            unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                            unsigned bz, unsigned shared, CUstream stream,
                                            void** params, void** extra);
+// cuLaunchKernelEx(_ptsz): as transparent_launch, the configuration's attributes compared with
+// the recorded node's as a set (attributes_differ in the .cpp), kept deep-copied and replayed
+// with cuLaunchKernelEx on a fallback.
+std::optional<CUresult> transparent_launch_ex(LaunchKernelExFn real, const CUlaunchConfig* config,
+                                              CUfunction f, void** params, void** extra);
 // The memset hooks (cuMemsetD8/D16/D32Async) and the device-to-device copy hook
 // (cuMemcpyDtoDAsync): `call` is the call itself, made if the elision stops.
 std::optional<CUresult> transparent_memset(std::function<CUresult()> call, CUdeviceptr dst,

@@ -1,11 +1,11 @@
 // Node-by-node description of a CUgraph with the driver's own graph queries, for parity checks
 // between a live capture and a restore of it: each node's type and payload (a kernel's name,
-// launch dimensions, dynamic shared memory and parameter bytes as cuFuncGetParamInfo lays them
-// out; a memset's or a 1-D memcpy's parameters), and the edges. Nodes are listed in a canonical
-// topological order (among the nodes ready next, the smallest description first) so that two
-// graphs with the same nodes and edges describe the same whatever order the driver lists
-// them in. A program linked against libcuda.so.1 (the emulator) includes it; compare the
-// results with graph_parity_diff().
+// launch dimensions, dynamic shared memory, parameter bytes as cuFuncGetParamInfo lays them
+// out, and its cluster, priority, cluster policy and memory-sync domain attributes; a memset's or a
+// 1-D memcpy's parameters), and the edges. Nodes are listed in a canonical topological order (among
+// the nodes ready next, the smallest description first) so that two graphs with the same nodes and
+// edges describe the same whatever order the driver lists them in. A program linked against
+// libcuda.so.1 (the emulator) includes it; compare the results with graph_parity_diff().
 #pragma once
 
 #include <cuda.h>
@@ -56,6 +56,25 @@ inline nlohmann::json describe_node(CUgraphNode node) {
            {"block", {p.blockDimX, p.blockDimY, p.blockDimZ}},
            {"shared", p.sharedMemBytes},
            {"params", params}};
+      // The launch attributes a restore must reproduce (a GEMM's cluster, ...), as the driver
+      // answers them; one it does not answer is left out of both sides alike.
+      CUkernelNodeAttrValue v{};
+      if (cuGraphKernelNodeGetAttribute(node, CU_KERNEL_NODE_ATTRIBUTE_CLUSTER_DIMENSION, &v) ==
+          CUDA_SUCCESS)
+        j["cluster"] = {v.clusterDim.x, v.clusterDim.y, v.clusterDim.z};
+      v = {};
+      if (cuGraphKernelNodeGetAttribute(node, CU_KERNEL_NODE_ATTRIBUTE_PRIORITY, &v) ==
+          CUDA_SUCCESS)
+        j["priority"] = v.priority;
+      v = {};
+      if (cuGraphKernelNodeGetAttribute(
+              node, CU_KERNEL_NODE_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, &v) ==
+          CUDA_SUCCESS)
+        j["cluster_policy"] = static_cast<int>(v.clusterSchedulingPolicyPreference);
+      v = {};
+      if (cuGraphKernelNodeGetAttribute(node, CU_KERNEL_NODE_ATTRIBUTE_MEM_SYNC_DOMAIN, &v) ==
+          CUDA_SUCCESS)
+        j["mem_sync_domain"] = static_cast<int>(v.memSyncDomain);
       break;
     }
     case CU_GRAPH_NODE_TYPE_MEMSET: {

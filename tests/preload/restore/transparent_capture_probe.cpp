@@ -13,12 +13,15 @@
 //   scale   axpb's scale is 3, not 2 (a kernel parameter that differs from the record);
 //   invalidate  a cuMemAlloc during the (GLOBAL) capture, which invalidates it: prints the codes
 //           every call answers after it ({"codes": [...]}) instead of a graph;
-//   query   cuStreamGetCaptureInfo asking for the capture's graph (what the elision left out).
+//   query   cuStreamGetCaptureInfo asking for the capture's graph (what the elision left out);
+//   cluster   axpb is launched with cuLaunchKernelEx, a cluster of 2 and priority -1 (as cuBLAS
+//           launches an sm_90 GEMM);
+//   cluster4  the same with a cluster of 4 (differs from a "cluster" record).
 // At the end of the capture it prints the graph as the driver describes it (graph_parity.hpp),
 // then instantiates it (destroying the graph right after, as PyTorch does), launches it and
 // prints a checksum of a and c: {"graph": ..., "sum_a": x, "sum_c": y}.
 //
-// usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query|invalidate
+// usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query|invalidate|cluster|cluster4
 // transparent_capture_probe MODEL_FILE
 #include <cuda.h>
 #include <fcntl.h>
@@ -52,7 +55,8 @@ int main(int argc, char** argv) {
   const char* mode_env = std::getenv("PROBE_MODE");
   if (argc != 2 || mode_env == nullptr) {
     std::fprintf(stderr,
-                 "usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query|invalidate "
+                 "usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query|invalidate|"
+                 "cluster|cluster4 "
                  "transparent_capture_probe MODEL_FILE\n");
     return 2;
   }
@@ -144,7 +148,27 @@ int main(int argc, char** argv) {
     std::printf("%s\n", nlohmann::json{{"codes", codes}}.dump().c_str());
     return 0;
   }
-  launch(axpb, "axpb", s, axpb_args, n);
+  if (mode == "cluster" || mode == "cluster4") {
+    CUlaunchAttribute attrs[2]{};
+    attrs[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[0].value.clusterDim.x = mode == "cluster" ? 2 : 4;
+    attrs[0].value.clusterDim.y = 1;
+    attrs[0].value.clusterDim.z = 1;
+    attrs[1].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+    attrs[1].value.priority = -1;
+    CUlaunchConfig config{};
+    config.gridDimX = (n + 127) / 128;
+    config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = 128;
+    config.blockDimY = config.blockDimZ = 1;
+    config.hStream = s;
+    config.attrs = attrs;
+    config.numAttrs = 2;
+    check(cuLaunchKernelEx(&config, axpb, axpb_args, nullptr), "cuLaunchKernelEx(axpb)");
+    attrs[0].value.clusterDim.x = 99;  // the caller's array is its own again: nothing may see it
+  } else {
+    launch(axpb, "axpb", s, axpb_args, n);
+  }
   launch(add_into, "add_into", s, add_args, n);
   check(cuStreamEndCapture(s, &graph), "cuStreamEndCapture");
   nlohmann::json out;

@@ -391,4 +391,50 @@ TEST_F(TransparentProbeWithThawd, MemsetsAndDeviceCopiesAreElidedAndReplayed) {
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
+TEST_F(TransparentProbeWithThawd, ClusterLaunchesAreElidedWithTheirAttributes) {
+  // axpb launched with cuLaunchKernelEx, a cluster of 2 and priority -1 (as cuBLAS launches an
+  // sm_90 GEMM): recorded with its attributes, restored transparently with none lost.
+  const Probe live = probe("live_cluster", "cluster", true, "THAW_PRELOAD_TRANSPARENT_GRAPHS=0");
+  ASSERT_EQ(live.engine.exit_code, 0) << live.engine.err;
+  ASSERT_EQ(live.out["graph"]["nodes"].size(), 3u) << live.engine.out;
+  bool clustered = false;
+  for (const auto& node : live.out["graph"]["nodes"]) {
+    if (node.value("name", "") == "axpb") {
+      EXPECT_EQ(node["cluster"], nlohmann::json::array({2, 1, 1})) << live.engine.out;
+      EXPECT_EQ(node["priority"], -1) << live.engine.out;
+      clustered = true;
+    }
+  }
+  ASSERT_TRUE(clustered) << live.engine.out;
+  fs::path record;
+  for (const auto& e : fs::directory_iterator(dir_.path() / "state" / "artifacts")) {
+    if (e.path().filename().string().starts_with("graphs-")) record = e.path();
+  }
+  ASSERT_FALSE(record.empty()) << live.shim_log;
+  const std::string cluster_record = thaw::testing::slurp(record);
+  EXPECT_NE(cluster_record.find(R"("cluster":[2,1,1])"), std::string::npos) << cluster_record;
+
+  const Probe restored = probe("cluster", "cluster");
+  expect_parity(restored, live);
+  EXPECT_EQ(restored.summary(), "thaw: graph restore summary: captures=1 transparent=1 fallbacks=0")
+      << restored.shim_log;
+
+  // Another cluster size: the launch differs from the record; the kept vec_add is replayed, the
+  // rest captured live — the live graph, with the new cluster.
+  const Probe live4 = probe("live_cluster4", "cluster4", true, "THAW_PRELOAD_TRANSPARENT_GRAPHS=0");
+  ASSERT_EQ(live4.engine.exit_code, 0) << live4.engine.err;
+  std::ofstream(record, std::ios::trunc) << cluster_record;
+  const Probe four = probe("cluster4", "cluster4");
+  expect_parity(four, live4);
+  EXPECT_EQ(four.summary(),
+            "thaw: graph restore summary: captures=1 transparent=0 fallbacks=1 "
+            "(launch mismatch: 1)")
+      << four.shim_log;
+  EXPECT_NE(four.shim_log.find("captured live from node 1 of 3: cluster dimension [4, 1, 1] "
+                               "where the record has [2, 1, 1] (axpb)"),
+            std::string::npos)
+      << four.shim_log;
+  EXPECT_EQ(stop_thawd(), 0) << log();
+}
+
 }  // namespace
