@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "kv_migrate.hpp"
+#include "coordinator/kv_migration/kv_migrate.hpp"
 
 namespace thaw::coordinator {
 namespace {
@@ -16,16 +16,16 @@ constexpr int kDrainTimeoutMs = 600'000;
 HandoverResult refengine_handover(const MigrationOrder& order) {
   HandoverResult result{order.plan_id, false, ""};
   if (order.drain) {
-    auto ok = refengine::drain(order.from_url, kDrainTimeoutMs);
+    auto ok = thaw::kv_migration::drain(order.from_url, kDrainTimeoutMs);
     result.ok = ok.has_value();
     if (!ok) result.error = ok.error();
     return result;
   }
-  refengine::MigrationPlan plan;
+  thaw::kv_migration::MigrationPlan plan;
   plan.stages = order.stage_urls;
   plan.target = order.to_url;
   plan.timeout_ms = kCallTimeoutMs;
-  auto moved = refengine::migrate(plan);
+  auto moved = thaw::kv_migration::migrate(plan);
   if (!moved) {
     result.error = moved.error();
     return result;
@@ -34,7 +34,7 @@ HandoverResult refengine_handover(const MigrationOrder& order) {
   // pipeline must then drain, so this is not a completed migration.
   std::size_t stayed = 0;
   std::string why;
-  for (const refengine::MovedRequest& r : *moved) {
+  for (const thaw::kv_migration::MovedRequest& r : *moved) {
     if (r.how == "stayed") {
       ++stayed;
       why = r.why;

@@ -3,10 +3,11 @@
 // requests it moves or waits for, and the server must keep answering heartbeats meanwhile.
 //
 // The default executor speaks the reference engine's KV-transfer interface (docs/KV-TRANSFER.md,
-// tools/refengine/kv_migrate.hpp: the stand-in for vLLM's KV connector): migrate() gathers
-// every request's blocks from all stages into the standalone worker; drain() makes stage 0
-// refuse new requests and returns once its accepted ones have finished. An engine without
-// either answers with an error, and ClusterState falls back to draining on gateways' counts.
+// coordinator/kv_migration/kv_migrate.hpp, the caller of the engine side in tools/refengine: the
+// stand-in for vLLM's KV connector): migrate() gathers every request's blocks from all stages into
+// the standalone worker; drain() makes stage 0 refuse new requests and returns once its accepted
+// ones have finished. An engine without either answers with an error, and ClusterState falls back
+// to draining on gateways' counts.
 #pragma once
 
 #include <functional>

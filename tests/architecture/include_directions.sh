@@ -56,6 +56,7 @@ rules=(
   "coordinator/cluster|coordinator/cluster coordinator/policy common|coordinator/cluster is state and decisions without sockets: it uses policy/, not server/"
   "coordinator|coordinator common|common ← coordinator/policy ← coordinator; the coordinator shares only common/proto with the daemon"
   "sim|sim coordinator/policy common|common ← coordinator/policy ← sim: the simulator runs the coordinator's own policies"
+  "gateway|gateway common|common ← gateway: the front door shares only common/proto with the coordinator it subscribes to"
   "emu|emu|the emulator stands in for NVIDIA's driver: it depends on nothing of thaw's"
   "tools/refengine|tools/refengine emu/include|the reference engine stands in for an unmodified engine: it may use only the emulator's public headers (emu/include)"
 )

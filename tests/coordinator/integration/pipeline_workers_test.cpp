@@ -454,7 +454,7 @@ namespace thaw::testing {
 namespace {
 
 // --handover kv-transfer: the coordinator migrates a request in flight on the pipeline with
-// its KV cache into the standalone worker (refengine_kv_migrate); stage 0 answers its caller
+// its KV cache into the standalone worker (coordinator/kv_migration); stage 0 answers its caller
 // "migrated" with the request id, and the standalone worker's /kv/result has the whole
 // answer: one worker's tokens. (Fetching the rest for the client is the gateway's part.)
 TEST_F(PipelineWorkers, KvTransferMovesARequestInFlightToTheStandaloneWorker) {

@@ -2,9 +2,9 @@
 // the emulator: `refengine serve` processes as a PP=2 / PP=4 pipeline and as a full worker.
 //  - a pipeline answers with the same tokens as one worker;
 //  - mid-generation, a request moves with its KV cache into the full worker
-//    (tools/refengine/kv_migrate.*, what the coordinator calls): each stage's exported blocks
-//    equal, bit for bit, the single worker's KV of the same positions; the blocks land at the
-//    right layers of the full worker (exported back from it, equal again); the remaining tokens
+//    (coordinator/kv_migration/kv_migrate.*, what the coordinator calls): each stage's exported
+//    blocks equal, bit for bit, the single worker's KV of the same positions; the blocks land at
+//    the right layers of the full worker (exported back from it, equal again); the remaining tokens
 //    equal the single worker's;
 //  - a stage killed mid-migration: the request restarts from its prompt, one correct answer;
 //  - drain: the pipeline finishes what it accepted, refuses more, then stops;
@@ -25,8 +25,8 @@
 #include <set>
 #include <thread>
 
+#include "coordinator/kv_migration/kv_migrate.hpp"
 #include "engine_process.hpp"
-#include "kv_migrate.hpp"
 #include "kv_transfer_format.hpp"
 
 namespace {
@@ -343,8 +343,8 @@ TEST_P(KvMigrationFrom, MidGenerationRequestsMoveWithTheirKvAndFinishLikeOneWork
   }
 
   // The move itself (stage 0 is paused already; migrate pauses it again, harmlessly).
-  refengine::MigrationPlan plan{pp.urls(), target.url(), 60000, {}};
-  auto moved = refengine::migrate(plan);
+  thaw::kv_migration::MigrationPlan plan{pp.urls(), target.url(), 60000, {}};
+  auto moved = thaw::kv_migration::migrate(plan);
   ASSERT_TRUE(moved) << moved.error();
   // The moved request on the full worker: its imported KV sits at the right blocks and layers.
   ASSERT_TRUE(post(target.url(), "/kv/pause", "{}"));
@@ -365,7 +365,7 @@ TEST_P(KvMigrationFrom, MidGenerationRequestsMoveWithTheirKvAndFinishLikeOneWork
   ASSERT_TRUE(post(target.url(), "/kv/unpause", "{}"));
 
   ASSERT_EQ(moved->size(), 2u);
-  auto results = refengine::wait_results(target.url(), *moved, 120000);
+  auto results = thaw::kv_migration::wait_results(target.url(), *moved, 120000);
   ASSERT_TRUE(results) << results.error();
   for (const auto& m : *moved) {
     const std::size_t i = m.prompt == kPrompts[0] ? 0 : 1;
@@ -409,13 +409,14 @@ TEST_P(KvMigrationCrash, AStageCrashingMidMigrationRestartsTheRequestFromItsProm
   auto client = std::async(std::launch::async, [&] { return complete(s0, kPrompts[2], kLong); });
   ASSERT_TRUE(wait_generating(s0, 1, 3).is_object()) << pp.logs();
   bool killed = false;
-  refengine::MigrationPlan plan{pp.urls(), target.url(), 20000, [&](int rank, std::uint64_t) {
-                                  if (rank == victim && !killed) {
-                                    pp.stages[victim]->kill_now();  // mid-migration
-                                    killed = true;
-                                  }
-                                }};
-  auto moved = refengine::migrate(plan);
+  thaw::kv_migration::MigrationPlan plan{pp.urls(), target.url(), 20000,
+                                         [&](int rank, std::uint64_t) {
+                                           if (rank == victim && !killed) {
+                                             pp.stages[victim]->kill_now();  // mid-migration
+                                             killed = true;
+                                           }
+                                         }};
+  auto moved = thaw::kv_migration::migrate(plan);
   ASSERT_TRUE(moved) << moved.error();
   ASSERT_TRUE(killed);
   ASSERT_EQ(moved->size(), 1u);
@@ -424,7 +425,7 @@ TEST_P(KvMigrationCrash, AStageCrashingMidMigrationRestartsTheRequestFromItsProm
       << (*moved)[0].why;
   // Stage 0 answers its caller "migrated" unless it is the one that died.
   EXPECT_EQ((*moved)[0].released, victim != 0);
-  auto results = refengine::wait_results(target.url(), *moved, 120000);
+  auto results = thaw::kv_migration::wait_results(target.url(), *moved, 120000);
   ASSERT_TRUE(results) << results.error();
   EXPECT_EQ((*moved)[0].tokens, want[2]) << "one answer, equal to the single worker's";
   EXPECT_EQ((*moved)[0].finish_reason, "length");
@@ -461,30 +462,30 @@ TEST_F(KvMigration, AnInterruptedMigrationGoesOnFromWhatTheNodesHold) {
   struct CoordinatorDied {};
   // First coordinator: dies right after the full worker resumed the first request.
   std::uint64_t first = 0;
-  refengine::MigrationPlan plan{pp.urls(), target.url(), 20000, {}, [&](std::uint64_t id) {
-                                  first = id;
-                                  throw CoordinatorDied{};
-                                }};
-  EXPECT_THROW((void)refengine::migrate(plan), CoordinatorDied);
+  thaw::kv_migration::MigrationPlan plan{pp.urls(), target.url(), 20000, {}, [&](std::uint64_t id) {
+                                           first = id;
+                                           throw CoordinatorDied{};
+                                         }};
+  EXPECT_THROW((void)thaw::kv_migration::migrate(plan), CoordinatorDied);
   ASSERT_NE(first, 0u);
   // Second: dies before exporting stage 1's blocks of the other request (stage 0's are in).
   plan.after_resume = nullptr;
   plan.before_export = [&](int rank, std::uint64_t id) {
     if (rank == 1 && id != first) throw CoordinatorDied{};
   };
-  EXPECT_THROW((void)refengine::migrate(plan), CoordinatorDied);
+  EXPECT_THROW((void)thaw::kv_migration::migrate(plan), CoordinatorDied);
   // Third: finishes.
   plan.before_export = nullptr;
-  auto moved = refengine::migrate(plan);
+  auto moved = thaw::kv_migration::migrate(plan);
   ASSERT_TRUE(moved) << moved.error();
   ASSERT_EQ(moved->size(), 1u) << "the second coordinator released the first request";
   EXPECT_EQ((*moved)[0].how, "kv") << (*moved)[0].why;
   EXPECT_NE((*moved)[0].request_id, first);
-  refengine::MovedRequest earlier;
+  thaw::kv_migration::MovedRequest earlier;
   earlier.request_id = first;
   earlier.how = "earlier";
   moved->push_back(earlier);
-  auto results = refengine::wait_results(target.url(), *moved, 120000);
+  auto results = thaw::kv_migration::wait_results(target.url(), *moved, 120000);
   ASSERT_TRUE(results) << results.error();
   std::set<Tokens> got, expected = {want[0], want[1]};
   for (const auto& m : *moved) got.insert(m.tokens);
@@ -505,7 +506,7 @@ TEST_F(KvMigration, DrainFinishesOnThePipelineRefusesNewRequestsThenStops) {
   const std::string s0 = pp.stages[0]->url();
   auto client = std::async(std::launch::async, [&] { return complete(s0, kPrompts[1], kLong); });
   ASSERT_TRUE(wait_generating(s0, 1, 2).is_object()) << pp.logs();
-  auto drained = refengine::drain(s0, 120000);
+  auto drained = thaw::kv_migration::drain(s0, 120000);
   ASSERT_TRUE(drained) << drained.error();
   // Drain returned only once the request was done: its answer is already there, whole.
   ASSERT_EQ(client.wait_for(std::chrono::seconds(5)), std::future_status::ready);
@@ -565,9 +566,9 @@ TEST_F(KvMigration, ForwardedAnswersReachTheCallerWholeEvenAsStage0Stops) {
   const std::string s0 = pp.stages[0]->url();
   auto client = std::async(std::launch::async, [&] { return complete(s0, kPrompts[1], kLong); });
   ASSERT_TRUE(wait_generating(s0, 1, 3).is_object()) << pp.logs();
-  refengine::MigrationPlan plan{pp.urls(), target.url(), 20000, {}, {}};
+  thaw::kv_migration::MigrationPlan plan{pp.urls(), target.url(), 20000, {}, {}};
   plan.forward_answers = true;
-  auto moved = refengine::migrate(plan);
+  auto moved = thaw::kv_migration::migrate(plan);
   ASSERT_TRUE(moved) << moved.error();
   ASSERT_EQ(moved->size(), 1u);
   EXPECT_EQ((*moved)[0].how, "kv");
@@ -599,12 +600,12 @@ TEST_F(KvMigration, AWaitingRequestMovesAsAPromptRetry) {
   } while (listed["requests"].empty());
   EXPECT_EQ(listed["requests"][0]["state"], "waiting");
   EXPECT_EQ(listed["requests"][0]["kv_tokens"], 0);
-  auto moved = refengine::migrate({pp.urls(), target.url(), 20000, {}, {}});
+  auto moved = thaw::kv_migration::migrate({pp.urls(), target.url(), 20000, {}, {}});
   ASSERT_TRUE(moved) << moved.error();
   ASSERT_EQ(moved->size(), 1u);
   EXPECT_EQ((*moved)[0].how, "prompt");
   EXPECT_TRUE((*moved)[0].released);
-  ASSERT_TRUE(refengine::wait_results(target.url(), *moved, 60000));
+  ASSERT_TRUE(thaw::kv_migration::wait_results(target.url(), *moved, 60000));
   EXPECT_EQ((*moved)[0].tokens, want[1]);
   const json j = client.get();
   EXPECT_EQ(j["choices"][0]["finish_reason"], "migrated") << j.dump();

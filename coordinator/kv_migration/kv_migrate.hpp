@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace refengine {
+namespace thaw::kv_migration {
 
 struct MigrationPlan {
   std::vector<std::string> stages;  // the pipeline's stages in rank order: "http://host:port"
@@ -58,4 +58,4 @@ std::expected<void, std::string> wait_results(const std::string& target,
 // returns once every accepted one has finished on the pipeline; then the stages may be stopped.
 std::expected<void, std::string> drain(const std::string& stage0, int timeout_ms);
 
-}  // namespace refengine
+}  // namespace thaw::kv_migration

@@ -1,4 +1,4 @@
-#include "kv_migrate.hpp"
+#include "coordinator/kv_migration/kv_migrate.hpp"
 
 #include <httplib.h>
 
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace refengine {
+namespace thaw::kv_migration {
 namespace {
 
 using json = nlohmann::json;
@@ -216,4 +216,4 @@ std::expected<void, std::string> drain(const std::string& stage0, int timeout_ms
   return {};
 }
 
-}  // namespace refengine
+}  // namespace thaw::kv_migration

@@ -1,5 +1,6 @@
-// refengine-migrate: consolidation by KV migration from the command line (kv_migrate.hpp), for
-// operators and scripts; the coordinator links the library.
+// refengine-migrate: consolidation by KV migration from the command line
+// (coordinator/kv_migration/kv_migrate.hpp), for operators and scripts; the coordinator links the
+// library.
 //   refengine-migrate --stages http://a:8001,http://b:8002 --to http://c:8003 [--wait]
 //   refengine-migrate --drain http://a:8001
 // Prints one JSON object per request.
@@ -10,13 +11,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kv_migrate.hpp"
+#include "coordinator/kv_migration/kv_migrate.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{
       "refengine-migrate: move a pipeline's requests, KV cache included, into a full "
       "worker (docs/KV-TRANSFER.md), or drain the pipeline"};
-  refengine::MigrationPlan plan;
+  thaw::kv_migration::MigrationPlan plan;
   std::string drain_url;
   bool wait = false;
   int wait_ms = 600000;
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
   app.add_option("--drain", drain_url, "drain this stage 0 instead (finish on the pipeline)");
   CLI11_PARSE(app, argc, argv);
   if (!drain_url.empty()) {
-    if (auto r = refengine::drain(drain_url, wait_ms); !r) {
+    if (auto r = thaw::kv_migration::drain(drain_url, wait_ms); !r) {
       fmt::print(stderr, "refengine-migrate: {}\n", r.error());
       return 1;
     }
@@ -38,14 +39,14 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "refengine-migrate: give --stages and --to (or --drain)\n");
     return 2;
   }
-  auto moved = refengine::migrate(plan);
+  auto moved = thaw::kv_migration::migrate(plan);
   if (!moved) {
     fmt::print(stderr, "refengine-migrate: {}\n", moved.error());
     return 1;
   }
   int status = 0;
   if (wait) {
-    if (auto r = refengine::wait_results(plan.target, *moved, wait_ms); !r) {
+    if (auto r = thaw::kv_migration::wait_results(plan.target, *moved, wait_ms); !r) {
       fmt::print(stderr, "refengine-migrate: {}\n", r.error());
       status = 1;
     }
