@@ -34,6 +34,7 @@ struct FakeNode {
   std::optional<CUDA_MEMSET_NODE_PARAMS> memset;
   std::optional<CUDA_MEMCPY3D> memcpy;
   int priority = 0;
+  std::map<int, CUkernelNodeAttrValue> attributes;  // besides priority: what the driver answers
 };
 
 struct FakeLibrary {
@@ -74,8 +75,14 @@ class FakeDriver : public GraphDriver {
   }
   CUresult kernel_attribute(CUgraphNode n, CUkernelNodeAttrID id,
                             CUkernelNodeAttrValue& out) override {
-    if (id != CU_LAUNCH_ATTRIBUTE_PRIORITY) return CUDA_ERROR_NOT_SUPPORTED;
-    out.priority = nodes.at(n).priority;
+    const FakeNode& node = nodes.at(n);
+    if (id == CU_LAUNCH_ATTRIBUTE_PRIORITY) {
+      out.priority = node.priority;
+      return CUDA_SUCCESS;
+    }
+    auto it = node.attributes.find(static_cast<int>(id));
+    if (it == node.attributes.end()) return CUDA_ERROR_NOT_SUPPORTED;
+    out = it->second;
     return CUDA_SUCCESS;
   }
   CUresult memset_params(CUgraphNode n, CUDA_MEMSET_NODE_PARAMS& out) override {
@@ -269,6 +276,76 @@ TEST_F(GraphRecorderTest, RecordsNodesParametersAndEdgesOfAModulesKernels) {
   EXPECT_EQ(s.nodes, 3u);
   EXPECT_EQ(s.param_bytes, 24u);
   EXPECT_TRUE(notices_.empty());
+}
+
+TEST_F(GraphRecorderTest, RecordsTheLaunchAttributesOfAClusterGemm) {
+  const CUmodule m = driver_.add_module(7, {"sm90_gemm"});
+  recorder_.module_loaded(m, image("a"));
+  const auto g = handle<CUgraph>(1);
+  const CUgraphNode n = kernel_node(g, driver_.function(m, 0), 0x200000000000, 64, 8, 256);
+  auto& attrs = driver_.nodes[n].attributes;
+  CUkernelNodeAttrValue v{};
+  v.clusterDim = {2, 1, 1};
+  attrs[CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION] = v;
+  v = {};
+  v.clusterSchedulingPolicyPreference = CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
+  attrs[CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE] = v;
+  v = {};
+  v.memSyncDomain = CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
+  attrs[CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN] = v;
+  v = {};
+  v.memSyncDomainMap.default_ = 0;
+  v.memSyncDomainMap.remote = 1;
+  attrs[CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP] = v;
+  v = {};
+  v.sharedMemCarveout = 100;
+  attrs[CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT] = v;
+  v = {};
+  attrs[CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW] = v;  // answered, but not set: fine
+  driver_.nodes[n].priority = -2;
+  capture(11, g, 42);
+
+  const auto record = recorder_.record();
+  ASSERT_EQ(record.graphs.size(), 1u) << ::testing::PrintToString(recorder_.omissions());
+  ASSERT_EQ(record.graphs[0].nodes[0].type, NodeType::kernel);
+  const auto& k = *record.graphs[0].nodes[0].kernel;
+  EXPECT_EQ(k.cluster, (std::array<std::uint32_t, 3>{2, 1, 1}));
+  EXPECT_EQ(k.cluster_scheduling, 1u);
+  EXPECT_EQ(k.mem_sync_domain, 1u);
+  EXPECT_EQ(k.mem_sync_domain_map, (std::array<std::uint32_t, 2>{0, 1}));
+  EXPECT_EQ(k.carveout, 100u);
+  EXPECT_EQ(k.priority, static_cast<std::uint32_t>(-2));
+  EXPECT_EQ(recorder_.stats().unrestorable_kernels, 0u);
+  auto full = record;
+  full.identity = {"engine", "model", "gpu", "13000"};
+  auto back = thaw::graphs::graph_record_from_json(thaw::graphs::graph_record_to_json(full));
+  ASSERT_TRUE(back) << back.error();
+  EXPECT_EQ(*back, full);
+}
+
+TEST_F(GraphRecorderTest, AKernelWithAnAttributeTheRecordCannotHoldIsRecordedAsOther) {
+  const CUmodule m = driver_.add_module(7, {"k", "windowed"});
+  recorder_.module_loaded(m, image("a"));
+  const auto g = handle<CUgraph>(1);
+  const CUgraphNode a = kernel_node(g, driver_.function(m, 0), 0x200000000000, 64);
+  const CUgraphNode b = kernel_node(g, driver_.function(m, 1), 0x200000000000, 64);
+  CUkernelNodeAttrValue v{};
+  v.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(0x200000000000);
+  v.accessPolicyWindow.num_bytes = 1 << 20;
+  driver_.nodes[b].attributes[CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW] = v;
+  driver_.edges[g] = {{a, b}};
+  capture(11, g, 42);
+
+  // The graph is recorded (its shape is the run's), the node as one no restore rebuilds.
+  const auto record = recorder_.record();
+  ASSERT_EQ(record.graphs.size(), 1u);
+  EXPECT_EQ(record.graphs[0].nodes[0].type, NodeType::kernel);
+  EXPECT_EQ(record.graphs[0].nodes[1].type, NodeType::other);
+  EXPECT_FALSE(record.graphs[0].nodes[1].kernel.has_value());
+  EXPECT_EQ(recorder_.stats().unrestorable_kernels, 1u);
+  ASSERT_EQ(notices_.size(), 1u);
+  EXPECT_NE(notices_[0].find("kernel windowed: an access policy window"), std::string::npos)
+      << notices_[0];
 }
 
 TEST_F(GraphRecorderTest, OnlyTheModulesTheKernelsNameAreInTheRecord) {

@@ -57,9 +57,10 @@ class FakeDriver : public GraphBuildDriver {
     grids.push_back(p.gridDimX);
     return add(out);
   }
-  CUresult set_kernel_attribute(CUgraphNode, CUkernelNodeAttrID,
-                                const CUkernelNodeAttrValue&) override {
-    return CUDA_SUCCESS;
+  CUresult set_kernel_attribute(CUgraphNode node, CUkernelNodeAttrID id,
+                                const CUkernelNodeAttrValue& v) override {
+    attributes.push_back({reinterpret_cast<std::uintptr_t>(node) - 1, static_cast<int>(id), v});
+    return id == refuse_attribute ? CUDA_ERROR_INVALID_CLUSTER_SIZE : CUDA_SUCCESS;
   }
   CUresult add_memset_node(CUgraph, const CUDA_MEMSET_NODE_PARAMS&, CUcontext,
                            CUgraphNode& out) override {
@@ -94,6 +95,13 @@ class FakeDriver : public GraphBuildDriver {
 
   int created = 0, destroyed = 0;
   std::size_t nodes = 0;
+  struct Attribute {
+    std::size_t node;
+    int id;
+    CUkernelNodeAttrValue value;
+  };
+  std::vector<Attribute> attributes;  // set, in order
+  int refuse_attribute = -1;          // this one is refused
   std::vector<std::vector<std::uint64_t>> kernel_params;
   std::vector<unsigned> grids;
   std::vector<std::pair<std::size_t, std::size_t>> edges;
@@ -322,6 +330,59 @@ TEST(GraphRestore, NodesARestoreCannotRebuildAreAMismatch) {
   const auto r = restore.restore(d, "decode batch=1", 0);
   EXPECT_EQ(r.status, GraphStatus::mismatch);
   EXPECT_EQ(r.why, "node 3 is a host node, which a restore does not rebuild");
+}
+
+GraphRecord clustered() {
+  GraphRecord r = record();
+  KernelNode& k = *r.graphs[0].nodes[2].kernel;
+  k.grid = {8, 1, 1};
+  k.cluster = {2, 1, 1};
+  k.cluster_scheduling = 1;
+  k.priority = static_cast<std::uint32_t>(-1);
+  k.mem_sync_domain = 1;
+  k.carveout = 50;
+  return r;
+}
+
+TEST(GraphRestore, TheRecordedLaunchAttributesAreSetOnTheRebuiltNode) {
+  Fixture f;
+  f.text = graph_record_to_json(clustered());
+  GraphRestore restore(f.env());
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  FakeDriver d;
+  const auto r = restore.restore(d, "decode batch=1", 0);
+  ASSERT_EQ(r.status, GraphStatus::ok) << r.why;
+  // Node 0 has none but the defaults: nothing set. Node 2: each one recorded, nothing else.
+  ASSERT_EQ(d.attributes.size(), 5u);
+  for (const auto& a : d.attributes) EXPECT_EQ(a.node, 2u);
+  EXPECT_EQ(d.attributes[0].id, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
+  EXPECT_EQ(d.attributes[0].value.clusterDim.x, 2u);
+  EXPECT_EQ(d.attributes[0].value.clusterDim.y, 1u);
+  EXPECT_EQ(d.attributes[0].value.clusterDim.z, 1u);
+  EXPECT_EQ(d.attributes[1].id, CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE);
+  EXPECT_EQ(d.attributes[1].value.clusterSchedulingPolicyPreference,
+            CU_CLUSTER_SCHEDULING_POLICY_SPREAD);
+  EXPECT_EQ(d.attributes[2].id, CU_LAUNCH_ATTRIBUTE_PRIORITY);
+  EXPECT_EQ(d.attributes[2].value.priority, -1);
+  EXPECT_EQ(d.attributes[3].id, CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN);
+  EXPECT_EQ(d.attributes[3].value.memSyncDomain, CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE);
+  EXPECT_EQ(d.attributes[4].id, CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT);
+  EXPECT_EQ(d.attributes[4].value.sharedMemCarveout, 50u);
+}
+
+TEST(GraphRestore, AnAttributeTheDriverRefusesIsAMismatchSayingWhich) {
+  Fixture f;
+  f.text = graph_record_to_json(clustered());
+  GraphRestore restore(f.env());
+  restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+  FakeDriver d;
+  d.refuse_attribute = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  const auto r = restore.restore(d, "decode batch=1", 0);
+  EXPECT_EQ(r.status, GraphStatus::mismatch);
+  EXPECT_NE(r.why.find("node 2 (matmul): the driver refused its cluster dimension"),
+            std::string::npos)
+      << r.why;
+  EXPECT_EQ(d.destroyed, 1) << "the half-built graph is destroyed";
 }
 
 TEST(GraphRestore, AGraphTheDriverWillNotInstantiateIsAMismatch) {
