@@ -266,8 +266,9 @@ void CoordinatorServer::run_handovers() {
   }
   for (const HandoverResult& r : handovers_.finished()) {
     options_.log(r.ok ? LOG_NOTICE : LOG_WARNING,
-                 fmt::format("plan {}: hand-over {}{}", r.plan_id, r.ok ? "done" : "failed",
-                             r.error.empty() ? "" : ": " + r.error));
+                 fmt::format("plan {}: hand-over {}{}{}", r.plan_id, r.ok ? "done" : "failed",
+                             r.error.empty() ? "" : ": " + r.error,
+                             r.detail.empty() ? "" : " (" + r.detail + ")"));
     std::vector<Outbound> out;
     state_.on_migration_result(r.plan_id, r.ok, r.error, now(), out);
     send(out);

@@ -25,6 +25,10 @@ HandoverResult refengine_handover(const MigrationOrder& order) {
   plan.stages = order.stage_urls;
   plan.target = order.to_url;
   plan.timeout_ms = kCallTimeoutMs;
+  // Stage 0 answers each moved request's client with the whole answer, fetched from the
+  // standalone worker, so a client sees one answer whatever moved underneath (the gateway
+  // holds its connection to stage 0); stage 0 lives on until those answers are in.
+  plan.forward_answers = true;
   auto moved = thaw::kv_migration::migrate(plan);
   if (!moved) {
     result.error = moved.error();
@@ -32,14 +36,18 @@ HandoverResult refengine_handover(const MigrationOrder& order) {
   }
   // A request the standalone worker could not take stays on the pipeline (unpaused): the
   // pipeline must then drain, so this is not a completed migration.
-  std::size_t stayed = 0;
+  std::size_t stayed = 0, by_kv = 0, by_prompt = 0;
   std::string why;
   for (const thaw::kv_migration::MovedRequest& r : *moved) {
     if (r.how == "stayed") {
       ++stayed;
       why = r.why;
     }
+    if (r.how == "kv" || r.how == "earlier") ++by_kv;
+    if (r.how == "prompt") ++by_prompt;
   }
+  result.detail = fmt::format("{} request(s): {} with their KV cache, {} restarted from the prompt",
+                              moved->size(), by_kv, by_prompt);
   if (stayed > 0) {
     result.error =
         fmt::format("{} of {} request(s) stayed on the pipeline ({})", stayed, moved->size(), why);

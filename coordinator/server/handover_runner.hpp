@@ -23,7 +23,8 @@ namespace thaw::coordinator {
 struct HandoverResult {
   std::string plan_id;
   bool ok = false;
-  std::string error;  // why not, for the plan's phase_error
+  std::string error;   // why not, for the plan's phase_error
+  std::string detail;  // what moved how, for the log ("2 request(s): 2 with their KV cache")
 };
 
 // The reference engine's migration or drain for one order (blocking).
