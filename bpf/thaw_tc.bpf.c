@@ -177,7 +177,7 @@ int thaw_egress(struct __sk_buff* skb) {
     c = class_of_port(&f);
   }
   if (c < 0) c = THAW_CLASS_OTHER;
-  skb->priority = thaw_skb_priority(c);
+  skb->priority = thaw_skb_priority_model(c, model);
   count(skb, THAW_DIR_EGRESS, c, model);
   return TC_ACT_OK;
 }
@@ -190,7 +190,7 @@ int thaw_ingress(struct __sk_buff* skb) {
   int c = class_of_local_socket(skb, &f, &model);
   if (c < 0) c = class_of_port(&f);
   if (c < 0) c = THAW_CLASS_OTHER;
-  skb->priority = thaw_skb_priority(c);
+  skb->priority = thaw_skb_priority_model(c, model);
   count(skb, THAW_DIR_INGRESS, c, model);
   // Inference skips the IFB: it is the class HTB would serve first anyway, and the IFB's
   // extra hop (a tasklet that re-injects each packet) costs its round trips the most when the

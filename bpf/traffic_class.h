@@ -80,6 +80,28 @@ static inline thaw_u32 thaw_skb_priority(thaw_u32 traffic_class) {
   return (THAW_HTB_MAJOR << 16) | thaw_htb_leaf_minor(traffic_class);
 }
 
+/* Fetch classes are inner HTB classes with THAW_FETCH_SLOTS leaves each, and a fetch goes to
+ * slot (model id % THAW_FETCH_SLOTS): HTB serves sibling leaves round robin, so two models'
+ * fetches in one class share it evenly, which TCP flows in one FIFO do not (measured 43/57).
+ * Leaf minors: 0x100 + class * 0x10 + slot. */
+#define THAW_FETCH_SLOTS 4u
+
+static inline int thaw_class_has_slots(thaw_u32 traffic_class) {
+  return traffic_class == THAW_CLASS_CRITICAL_FETCH || traffic_class == THAW_CLASS_BACKGROUND_FETCH;
+}
+
+static inline thaw_u32 thaw_htb_slot_minor(thaw_u32 traffic_class, thaw_u32 slot) {
+  return 0x100u + traffic_class * 0x10u + (slot % THAW_FETCH_SLOTS);
+}
+
+/* skb->priority for a packet of a class and model: the class's leaf, or for a fetch class
+ * the model's slot leaf under it. */
+static inline thaw_u32 thaw_skb_priority_model(thaw_u32 traffic_class, thaw_u32 model) {
+  if (traffic_class < THAW_CLASS_COUNT && thaw_class_has_slots(traffic_class))
+    return (THAW_HTB_MAJOR << 16) | thaw_htb_slot_minor(traffic_class, model);
+  return thaw_skb_priority(traffic_class);
+}
+
 /* HTB's priority among classes borrowing spare bandwidth (lower wins). */
 static inline thaw_u32 thaw_htb_prio(thaw_u32 traffic_class) {
   return traffic_class;

@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -23,7 +24,7 @@
 namespace thaw::network {
 namespace {
 
-constexpr std::uint32_t kIfbTxQueueLen = 32;  // the IFB driver's own default
+constexpr std::uint32_t kIfbTxQueueLen = 256;  // see start()
 constexpr int kCapBpf = 39;  // CAP_BPF (5.8); Debian 12's uapi header has it, older ones not
 
 ShapingError err(ShapingErrc c, std::string m) {
@@ -175,6 +176,15 @@ std::expected<void, ShapingError> build_htb(NetlinkTc& nl, int ifindex, const Sh
                         s.mtu};
     if (auto r = nl.set_htb_class(ifindex, leaf, create); !r)
       return std::unexpected(err(ShapingErrc::netlink, r.error().message));
+    if (!thaw_class_has_slots(c)) continue;
+    for (std::uint32_t slot = 0; slot < THAW_FETCH_SLOTS; ++slot) {
+      HtbClassParams sub = leaf;
+      sub.parent = leaf.classid;
+      sub.classid = major | thaw_htb_slot_minor(c, slot);
+      sub.rate = std::max<std::uint64_t>(leaf.rate / THAW_FETCH_SLOTS, 1);
+      if (auto r = nl.set_htb_class(ifindex, sub, create); !r)
+        return std::unexpected(err(ShapingErrc::netlink, r.error().message));
+    }
   }
   return {};
 }
@@ -280,9 +290,10 @@ std::expected<ShapingStatus, ShapingError> TrafficShaper::start(const ShapingSet
 
   if (s.shape_ingress) {
     std::string name = ifb_name(ifindex);
-    // The IFB's txqueuelen bounds both its own hand-back queue (packets HTB released but the
-    // IFB has not re-injected yet: one FIFO for all classes, so it must stay short or a busy
-    // CPU lets fetch packets queue ahead of inference there) and the HTB leaves' pfifo limit.
+    // The IFB's txqueuelen is also the pfifo limit of its HTB leaves. 32 (the IFB default)
+    // let a fetch's TCP drain its slot between losses, and HTB can only share what is
+    // queued: two models' fetches split 43/57. 256 keeps every slot backlogged (50/50
+    // measured). Inference skips the IFB, so this queue never delays it.
     if (auto r = nl->create_ifb(name, kIfbTxQueueLen); !r)
       return fail(err(ShapingErrc::netlink, r.error().message));
     m.ifb_ifindex = static_cast<int>(if_nametoindex(name.c_str()));
@@ -423,11 +434,19 @@ std::expected<ShapingCounters, ShapingError> TrafficShaper::counters() const {
   auto nl = NetlinkTc::open();
   if (nl) {
     for (std::uint32_t c = 0; c < kTrafficClassCount; ++c) {
-      std::uint32_t id = (THAW_HTB_MAJOR << 16) | thaw_htb_leaf_minor(c);
-      if (auto dr = nl->class_drops(m.ifindex, id)) out.classes[THAW_DIR_EGRESS][c].drops = *dr;
-      if (m.ifb_ifindex)
-        if (auto dr = nl->class_drops(m.ifb_ifindex, id))
-          out.classes[THAW_DIR_INGRESS][c].drops = *dr;
+      // Drops happen in leaves: the class's own, or its model slots'.
+      std::vector<std::uint32_t> leaves;
+      if (thaw_class_has_slots(c))
+        for (std::uint32_t slot = 0; slot < THAW_FETCH_SLOTS; ++slot)
+          leaves.push_back((THAW_HTB_MAJOR << 16) | thaw_htb_slot_minor(c, slot));
+      else
+        leaves.push_back((THAW_HTB_MAJOR << 16) | thaw_htb_leaf_minor(c));
+      for (std::uint32_t id : leaves) {
+        if (auto dr = nl->class_drops(m.ifindex, id)) out.classes[THAW_DIR_EGRESS][c].drops += *dr;
+        if (m.ifb_ifindex)
+          if (auto dr = nl->class_drops(m.ifb_ifindex, id))
+            out.classes[THAW_DIR_INGRESS][c].drops += *dr;
+      }
     }
   }
   int mfd = bpf_map__fd(m.skel->maps.model_bytes);

@@ -113,7 +113,7 @@ TEST_F(Classifier, EgressClassFromThawsSocketMark) {
   for (std::uint32_t c = 0; c < THAW_CLASS_COUNT; ++c) {
     Verdict r = run(skel_->progs.thaw_egress, p, thaw_mark_make(c, 0));
     EXPECT_EQ(r.retval, TC_ACT_OK);
-    EXPECT_EQ(r.priority, thaw_skb_priority(c)) << "class " << c;
+    EXPECT_EQ(r.priority, thaw_skb_priority_model(c, 0)) << "class " << c;
   }
   auto crit = stats(THAW_DIR_EGRESS, THAW_CLASS_CRITICAL_FETCH);
   EXPECT_EQ(crit.packets, 1u);
@@ -150,7 +150,7 @@ TEST_F(Classifier, ThawMarkWinsOverPort) {
   set_port(8000, THAW_CLASS_INFERENCE);
   Verdict r = run(skel_->progs.thaw_egress, tcp4("10.0.0.1", 8000, "10.0.0.2", 80, 10),
                   thaw_mark_make(THAW_CLASS_BACKGROUND_FETCH, 0));
-  EXPECT_EQ(r.priority, thaw_skb_priority(THAW_CLASS_BACKGROUND_FETCH));
+  EXPECT_EQ(r.priority, thaw_skb_priority_model(THAW_CLASS_BACKGROUND_FETCH, 0));
 }
 
 TEST_F(Classifier, IngressRedirectsToTheIfb) {
@@ -181,7 +181,7 @@ TEST_F(Classifier, IngressUsesTheMarkOfTheLocalSocket) {
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   std::uint16_t port = ntohs(a.sin_port);
   Verdict r = run(skel_->progs.thaw_ingress, tcp4("127.0.0.1", 43210, "127.0.0.1", port, 1400));
-  EXPECT_EQ(r.priority, thaw_skb_priority(THAW_CLASS_CRITICAL_FETCH));
+  EXPECT_EQ(r.priority, thaw_skb_priority_model(THAW_CLASS_CRITICAL_FETCH, 0));
   close(fd);
   // Same packet once the socket is gone: other.
   Verdict gone = run(skel_->progs.thaw_ingress, tcp4("127.0.0.1", 43210, "127.0.0.1", port, 1400));
@@ -197,7 +197,9 @@ TEST_F(Classifier, PerModelBytesOnlyForRegisteredModels) {
       bpf_map_update_elem(bpf_map__fd(skel_->maps.model_bytes), &model, zero.data(), BPF_NOEXIST),
       0);
   Packet p = tcp4("10.0.0.1", 40000, "10.0.0.2", 80, 500);
-  run(skel_->progs.thaw_egress, p, thaw_mark_make(THAW_CLASS_CRITICAL_FETCH, 7));
+  // Model 7's fetch goes to its slot leaf under the critical class (7 % 4 = 3: minor 0x113).
+  EXPECT_EQ(run(skel_->progs.thaw_egress, p, thaw_mark_make(THAW_CLASS_CRITICAL_FETCH, 7)).priority,
+            0x74680113u);
   run(skel_->progs.thaw_egress, p, thaw_mark_make(THAW_CLASS_CRITICAL_FETCH, 7));
   run(skel_->progs.thaw_egress, p, thaw_mark_make(THAW_CLASS_CRITICAL_FETCH, 8));
   std::vector<std::uint64_t> per(ncpu);

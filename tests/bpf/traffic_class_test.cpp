@@ -26,6 +26,16 @@ TEST(TrafficClassHeader, PriorityNamesThawsHtbLeaf) {
   EXPECT_LT(thaw_htb_prio(THAW_CLASS_CRITICAL_FETCH), thaw_htb_prio(THAW_CLASS_BACKGROUND_FETCH));
 }
 
+TEST(TrafficClassHeader, FetchesOfModelsGoToSlotLeaves) {
+  EXPECT_EQ(thaw_skb_priority_model(THAW_CLASS_CRITICAL_FETCH, 11), 0x74680113u);  // 11 % 4 = 3
+  EXPECT_EQ(thaw_skb_priority_model(THAW_CLASS_CRITICAL_FETCH, 12), 0x74680110u);
+  EXPECT_EQ(thaw_skb_priority_model(THAW_CLASS_BACKGROUND_FETCH, 1), 0x74680121u);
+  // Inference and other have no slots: their own leaf whatever the model.
+  EXPECT_EQ(thaw_skb_priority_model(THAW_CLASS_INFERENCE, 5),
+            thaw_skb_priority(THAW_CLASS_INFERENCE));
+  EXPECT_EQ(thaw_skb_priority_model(THAW_CLASS_OTHER, 5), thaw_skb_priority(THAW_CLASS_OTHER));
+}
+
 TEST(TrafficClassHeader, RatesCheckNamesTheBrokenRule) {
   thaw_class_rate ok[2] = {{60, 100}, {40, 100}};
   EXPECT_EQ(thaw_rates_check(100, ok, 2), 0);

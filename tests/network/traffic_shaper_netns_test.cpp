@@ -372,7 +372,11 @@ TEST_F(ShaperNetns, ClassRatesChangeInPlaceAndBadRatesAreRefused) {
   rates[THAW_CLASS_BACKGROUND_FETCH] = ClassRate{1'000'000, 2'000'000};  // 8 / 16 Mbit
   ASSERT_TRUE(shaper_.set_class_rates(rates).has_value());
   std::string classes = net_->tc_node("class show dev up0");
-  EXPECT_NE(classes.find("7468:12 parent 7468:1 prio 2 rate 8Mbit ceil 16Mbit"), std::string::npos)
+  // The background class (inner) and each of its model slots (a quarter of its rate).
+  EXPECT_NE(classes.find("7468:12 parent 7468:1 rate 8Mbit ceil 16Mbit"), std::string::npos)
+      << classes;
+  EXPECT_NE(classes.find("7468:120 parent 7468:12 prio 2 rate 2Mbit ceil 16Mbit"),
+            std::string::npos)
       << classes;
   rates[THAW_CLASS_INFERENCE].rate_bytes_per_s = kShaped;  // guaranteed sum above the link
   auto bad = shaper_.set_class_rates(rates);
