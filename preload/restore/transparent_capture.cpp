@@ -198,6 +198,22 @@ std::vector<void*> param_pointers(KeptLaunch& k) {
   return p;
 }
 
+// The attributes a kernel node holds (and a graph record models).
+bool node_attribute(CUlaunchAttributeID id) {
+  switch (id) {
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      return true;
+    default:
+      return false;
+  }
+}
+
 CUlaunchConfig launch_config(KeptLaunch& k) {
   CUlaunchConfig c{};
   c.gridDimX = k.grid[0];
@@ -373,7 +389,9 @@ CUresult replay(Elision& e, std::string& why) {
     using SetAttr = CUresult (*)(CUgraphNode, CUkernelNodeAttrID, const CUkernelNodeAttrValue*);
     static const auto set_attr = driver_fn<SetAttr>("cuGraphKernelNodeSetAttribute");
     for (const CUlaunchAttribute& a : k.attrs) {
-      if (r != CUDA_SUCCESS || a.id == CU_LAUNCH_ATTRIBUTE_IGNORE) continue;
+      // Only what a kernel node holds: the others were kept only at their defaults (all zero),
+      // which a node has already, and the driver may refuse them on a node (launch-only ones).
+      if (r != CUDA_SUCCESS || !node_attribute(a.id)) continue;
       r = set_attr != nullptr ? set_attr(node, a.id, &a.value) : CUDA_ERROR_NOT_SUPPORTED;
     }
     if (r != CUDA_SUCCESS) {

@@ -16,12 +16,15 @@
 //   query   cuStreamGetCaptureInfo asking for the capture's graph (what the elision left out);
 //   cluster   axpb is launched with cuLaunchKernelEx, a cluster of 2 and priority -1 (as cuBLAS
 //           launches an sm_90 GEMM);
-//   cluster4  the same with a cluster of 4 (differs from a "cluster" record).
+//   cluster4  the same with a cluster of 4 (differs from a "cluster" record);
+//   cluster_unhooked  "cluster", then a cuMemcpyAsync c <- c after axpb (the kept launches are
+//           replayed as nodes before the one the driver captured).
 // At the end of the capture it prints the graph as the driver describes it (graph_parity.hpp),
 // then instantiates it (destroying the graph right after, as PyTorch does), launches it and
 // prints a checksum of a and c: {"graph": ..., "sum_a": x, "sum_c": y}.
 //
-// usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query|invalidate|cluster|cluster4
+// usage:
+// PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query|invalidate|cluster|cluster4|cluster_unhooked
 // transparent_capture_probe MODEL_FILE
 #include <cuda.h>
 #include <fcntl.h>
@@ -56,7 +59,7 @@ int main(int argc, char** argv) {
   if (argc != 2 || mode_env == nullptr) {
     std::fprintf(stderr,
                  "usage: PROBE_MODE=plain|unhooked|ops|ops_value|event|scale|query|invalidate|"
-                 "cluster|cluster4 "
+                 "cluster|cluster4|cluster_unhooked "
                  "transparent_capture_probe MODEL_FILE\n");
     return 2;
   }
@@ -148,10 +151,10 @@ int main(int argc, char** argv) {
     std::printf("%s\n", nlohmann::json{{"codes", codes}}.dump().c_str());
     return 0;
   }
-  if (mode == "cluster" || mode == "cluster4") {
+  if (mode == "cluster" || mode == "cluster4" || mode == "cluster_unhooked") {
     CUlaunchAttribute attrs[2]{};
     attrs[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[0].value.clusterDim.x = mode == "cluster" ? 2 : 4;
+    attrs[0].value.clusterDim.x = mode == "cluster4" ? 4 : 2;
     attrs[0].value.clusterDim.y = 1;
     attrs[0].value.clusterDim.z = 1;
     attrs[1].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
@@ -166,6 +169,8 @@ int main(int argc, char** argv) {
     config.numAttrs = 2;
     check(cuLaunchKernelEx(&config, axpb, axpb_args, nullptr), "cuLaunchKernelEx(axpb)");
     attrs[0].value.clusterDim.x = 99;  // the caller's array is its own again: nothing may see it
+    if (mode == "cluster_unhooked")
+      check(cuMemcpyAsync(c, c, n * sizeof(float), s), "cuMemcpyAsync");
   } else {
     launch(axpb, "axpb", s, axpb_args, n);
   }

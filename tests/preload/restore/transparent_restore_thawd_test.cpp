@@ -434,6 +434,19 @@ TEST_F(TransparentProbeWithThawd, ClusterLaunchesAreElidedWithTheirAttributes) {
                                "where the record has [2, 1, 1] (axpb)"),
             std::string::npos)
       << four.shim_log;
+
+  // A node the driver captures after the cluster launch: the kept launches are added to the
+  // capture as nodes, the cluster launch with its attributes — the live graph again.
+  const Probe live_unhooked =
+      probe("live_cluster_unhooked", "cluster_unhooked", true, "THAW_PRELOAD_TRANSPARENT_GRAPHS=0");
+  ASSERT_EQ(live_unhooked.engine.exit_code, 0) << live_unhooked.engine.err;
+  std::ofstream(record, std::ios::trunc) << cluster_record;
+  const Probe unhooked = probe("cluster_unhooked", "cluster_unhooked");
+  expect_parity(unhooked, live_unhooked);
+  EXPECT_EQ(unhooked.summary(),
+            "thaw: graph restore summary: captures=1 transparent=0 fallbacks=1 "
+            "(captured outside the shim: 1)")
+      << unhooked.shim_log;
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
