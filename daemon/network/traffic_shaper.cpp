@@ -25,6 +25,7 @@ namespace thaw::network {
 namespace {
 
 constexpr std::uint32_t kIfbTxQueueLen = 256;  // see start()
+constexpr int kCapPerfmon = 38;                // CAP_PERFMON (5.8)
 constexpr int kCapBpf = 39;  // CAP_BPF (5.8); Debian 12's uapi header has it, older ones not
 
 ShapingError err(ShapingErrc c, std::string m) {
@@ -34,7 +35,8 @@ ShapingError err(ShapingErrc c, std::string m) {
 // The capabilities the classifier needs, each for one reason:
 //   CAP_BPF        load the program and create its maps
 //   CAP_NET_ADMIN  attach to clsact, create qdiscs/classes and the IFB device, bpf_redirect
-// (CAP_PERFMON is not needed: the program reads no kernel memory.)
+//   CAP_PERFMON    (or CAP_SYS_ADMIN) the verifier accepts the classifier's packet-pointer
+//                  arithmetic only from a program loader it trusts with pointer values
 std::string missing_capabilities() {
   __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct data[2]{};
@@ -43,6 +45,7 @@ std::string missing_capabilities() {
   std::string missing;
   if (!has(kCapBpf)) missing += "CAP_BPF ";
   if (!has(CAP_NET_ADMIN)) missing += "CAP_NET_ADMIN ";
+  if (!has(kCapPerfmon) && !has(CAP_SYS_ADMIN)) missing += "CAP_PERFMON ";
   if (!missing.empty()) missing.pop_back();
   return missing;
 }
@@ -248,7 +251,8 @@ std::expected<ShapingStatus, ShapingError> TrafficShaper::start(const ShapingSet
   }
   if (auto missing = missing_capabilities(); !missing.empty()) {
     m.status.detail = fmt::format(
-        "traffic shaping is off: thawd lacks {} (the unit grants CAP_BPF and CAP_NET_ADMIN)",
+        "traffic shaping is off: thawd lacks {} (the unit grants CAP_BPF, CAP_NET_ADMIN and "
+        "CAP_PERFMON)",
         missing);
     return std::unexpected(err(ShapingErrc::no_permission, m.status.detail));
   }

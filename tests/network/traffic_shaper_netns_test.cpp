@@ -506,6 +506,32 @@ TEST_F(ShaperNetns, StartAfterCrashRemovesLeftovers) {
             std::string::npos);
 }
 
+TEST_F(ShaperNetns, WithoutPerfmonTheClassifierIsNotLoadedAndSaysWhy) {
+  // CAP_BPF and CAP_NET_ADMIN alone: the verifier would refuse the packet-pointer arithmetic.
+  pid_t child = fork();
+  if (child == 0) {
+    __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[2]{};
+    syscall(SYS_capget, &hdr, data);
+    data[38 / 32].effective &= ~(1u << (38 % 32));  // CAP_PERFMON
+    data[CAP_SYS_ADMIN / 32].effective &= ~(1u << (CAP_SYS_ADMIN % 32));
+    if (syscall(SYS_capset, &hdr, data) != 0) _exit(3);
+    TrafficShaper s;
+    auto r = s.start(settings_);
+    if (r) _exit(4);
+    fmt::print("without CAP_PERFMON: {}\n", r.error().message);
+    _exit(r.error().code == ShapingErrc::no_permission &&
+                  r.error().message.find("CAP_PERFMON") != std::string::npos
+              ? 0
+              : 1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(net_->tc_node("qdisc show").find("htb"), std::string::npos);
+}
+
 TEST_F(ShaperNetns, WithoutCapabilitiesShapingIsOffAndSaysWhy) {
   pid_t child = fork();
   if (child == 0) {
