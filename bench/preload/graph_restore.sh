@@ -38,7 +38,8 @@
 #
 # Usage: bench/preload/graph_restore.sh [--size medium|small|large] [--warmups N] [--no-build] [--no-first-token]
 #   --no-build use the build tree as it is (build/default, or $BUILD)
-#   --no-first-token skip the last part: bench/preload/first_token.sh (start -> first token of a
+#   --no-first-token skip the last parts: bench/preload/kv_restore.sh (KV init restored against
+#              the profiling pass) and bench/preload/first_token.sh (start -> first token of a
 #              zero-copy + engine-assisted start against a cold start), run with the same --size
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -157,10 +158,13 @@ EOS
 
 restore_bench_node GR_WARMUPS=$WARMUPS GR_KEEP=$WORK
 
-# The issue's last figure in the same run: start -> first token with the weights zero-copy and
-# the KV size and graphs restored through the ABI, against a cold start from the local cache
-# (its own node; the build above is reused).
+# The issue's other figures in the same run, each on its own node (the build above is reused):
+# KV init restored through the ABI against the profiling pass, then start -> first token with
+# the weights zero-copy and the KV size and graphs restored, against a cold start from the
+# local cache.
 if ((FIRST_TOKEN)); then
+  echo
+  "$REPO_ROOT/bench/preload/kv_restore.sh" --size "$SIZE" --no-build
   echo
   "$REPO_ROOT/bench/preload/first_token.sh" --size "$SIZE" --no-build
 fi
