@@ -197,6 +197,10 @@ std::vector<Outbound> ClusterState::tick(double now, std::vector<std::string>* d
   }
   for (const std::string& id : dead) replan_stages_of(id, out);
   if (died != nullptr) *died = std::move(dead);
+  // A rebuilt plan's hand-over that no gateway has heard of goes on after its grace.
+  for (auto& [id, plan] : plans_) {
+    if (waits_for_routes(plan)) advance(plan, now, out);
+  }
   close_windows(now, out);
   return out;
 }

@@ -67,6 +67,11 @@ struct ClusterConfig {
   double window_s = 300;
   std::uint32_t batch_size = 32;  // B: requests one instance serves (WarmServe §7.1)
   std::string plan_prefix = "p";  // plan ids are "<prefix>-<n>"; unique per coordinator run
+  // A hand-over of a plan rebuilt after a restart stops the pipeline only once a gateway has
+  // the routes that send requests to the standalone worker (a restarted coordinator has no
+  // subscriber until a gateway's next hello, one report interval, 1 s by default); with no
+  // gateway heard for this long it goes on without.
+  double handover_resume_grace_s = 3;
 };
 
 struct Outbound {
@@ -151,6 +156,9 @@ class ClusterState {
   // draining pipeline is stopped once its count is 0 in a report made after the switch.
   void on_worker_in_flight(const std::string& url, std::uint32_t in_flight, double now,
                            std::vector<Outbound>& out);
+  // A route table made from the current plans reached a gateway (a hello's reply or a push):
+  // hand-overs resumed after a restart may now drain the pipeline.
+  void on_routes_delivered(double now, std::vector<Outbound>& out);
   // KV migrations (or engine drains) to carry out (each returned once).
   std::vector<MigrationOrder> take_migrations();
   // The outcome of one: done → the pipeline stops; failed → its requests drain instead
@@ -187,6 +195,10 @@ class ClusterState {
   void apply_worker_progress(PlanRecord& plan, const std::string& node_id,
                              const v1::TaskStatus& status);
   void advance(PlanRecord& plan, double now, std::vector<Outbound>& out);
+  // The hand-over's MigrationOrder (a KV migration or an engine drain), once per plan.
+  void order_handover(PlanRecord& plan, double now);
+  // A rebuilt plan's hand-over held back until a gateway has its routes (order_handover).
+  static bool waits_for_routes(const PlanRecord& plan);
   void set_routes(PlanRecord& plan) const;
   void rebuild_workers_from(const std::string& node_id, const v1::Register& report);
   void replan_stages_of(const std::string& dead_node, std::vector<Outbound>& out);
@@ -211,6 +223,7 @@ class ClusterState {
   std::vector<MigrationOrder> migrations_;
   std::map<std::string, std::uint64_t> previous_arrivals_;  // §6.1: last window's, per model
   double last_now_ = 0;
+  double routes_delivered_at_ = -1;  // on_routes_delivered
 };
 
 }  // namespace thaw::coordinator

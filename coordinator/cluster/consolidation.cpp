@@ -288,21 +288,13 @@ void ClusterState::advance(PlanRecord& plan, double now, std::vector<Outbound>& 
         plan.handover_since = now;
         p.set_handover(config_.handover == ClusterConfig::Handover::kv_transfer ? "kv-transfer"
                                                                                 : "drain");
-        if (!plan.migration_started) {
-          MigrationOrder order;
-          order.plan_id = p.id();
-          order.drain = p.handover() == "drain";
-          order.from_url = url_of(worker_host(first->node_id()), first->http_port());
-          order.to_url = stage_of(p, standalone_stages(plan).front())->standalone_url();
-          for (const v1::PlannedStage& s : p.placement()) {
-            order.stage_urls.push_back(url_of(worker_host(s.node_id()), s.http_port()));
-          }
-          migrations_.push_back(std::move(order));
-          plan.migration_started = true;
-        }
+        order_handover(plan, now);
         break;
       }
       case v1::PHASE_HANDOVER: {
+        // Resumed after a restart: the engine is asked (again) to drain, since only it knows
+        // whether requests are left (gateways report load per model, not per worker).
+        order_handover(plan, now);
         // Drained: a gateway's count made after the routes switched says no request is left
         // on the pipeline (before the switch new requests could still arrive).
         const bool drained = plan.in_flight_reported_at > plan.handover_since && p.in_flight() == 0;
@@ -332,6 +324,34 @@ void ClusterState::advance(PlanRecord& plan, double now, std::vector<Outbound>& 
   }
   p.set_consolidated(p.phase() == v1::PHASE_CONSOLIDATED && p.stages() > 1);
   set_routes(plan);
+}
+
+void ClusterState::order_handover(PlanRecord& plan, double now) {
+  v1::Plan& p = plan.plan;
+  const v1::PlannedStage* first = stage_of(p, 0);
+  const std::vector<std::uint32_t> targets = standalone_stages(plan);
+  // Stage 0's port comes from its node's report: after a restart it may not have registered.
+  if (plan.migration_started || first == nullptr || first->http_port() == 0 || targets.empty()) {
+    return;
+  }
+  // A plan this coordinator rebuilt after a restart: gateways may still route to the pipeline
+  // as the old coordinator last told them (they say hello again within a report interval). A
+  // drain of an idle pipeline ends at once and its workers are stopped, so they would get
+  // refused connections: first a gateway gets the switched routes (or none is heard).
+  if (p.rebuilt() && routes_delivered_at_ <= plan.handover_since &&
+      now - plan.handover_since < config_.handover_resume_grace_s) {
+    return;
+  }
+  MigrationOrder order;
+  order.plan_id = p.id();
+  order.drain = p.handover() == "drain";
+  order.from_url = url_of(worker_host(first->node_id()), first->http_port());
+  order.to_url = stage_of(p, targets.front())->standalone_url();
+  for (const v1::PlannedStage& s : p.placement()) {
+    order.stage_urls.push_back(url_of(worker_host(s.node_id()), s.http_port()));
+  }
+  migrations_.push_back(std::move(order));
+  plan.migration_started = true;
 }
 
 void ClusterState::set_routes(PlanRecord& plan) const {
@@ -385,6 +405,18 @@ void ClusterState::on_worker_in_flight(const std::string& url, std::uint32_t in_
     plan.in_flight_reported_at = now;
     advance(plan, now, out);
   }
+}
+
+void ClusterState::on_routes_delivered(double now, std::vector<Outbound>& out) {
+  last_now_ = std::max(last_now_, now);
+  routes_delivered_at_ = now;
+  for (auto& [id, plan] : plans_) {
+    if (waits_for_routes(plan)) advance(plan, now, out);
+  }
+}
+
+bool ClusterState::waits_for_routes(const PlanRecord& plan) {
+  return plan.plan.rebuilt() && plan.plan.phase() == v1::PHASE_HANDOVER && !plan.migration_started;
 }
 
 std::vector<MigrationOrder> ClusterState::take_migrations() {
@@ -472,12 +504,14 @@ void ClusterState::rebuild_workers_from(const std::string& node_id, const v1::Re
     }
     if (phase > p.phase()) {
       p.set_phase(phase);
-      // A hand-over resumed after a restart waits for a fresh in-flight count; a migration
-      // whose outcome was lost is not repeated: its requests drain.
+      // A hand-over resumed after a restart drains: a migration whose outcome was lost is not
+      // repeated. The drain is asked of the engine (advance, once stage 0's node has
+      // registered): nothing else reports the pipeline empty, since gateways report load per
+      // model, not the per-worker counts on_worker_in_flight takes.
       if (phase == v1::PHASE_HANDOVER) {
         plan.handover_since = last_now_;
         p.set_handover("drain");
-        plan.migration_started = true;
+        plan.migration_started = false;
       }
     }
   }

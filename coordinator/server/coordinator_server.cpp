@@ -199,6 +199,8 @@ void CoordinatorServer::on_frontend_frames() {
     }
     gateways_.update(GatewayHub::routes(state_.plans(), deployed_));
     *reply.mutable_routes() = gateways_.current();
+    // (Queued before the reply is sent, but only orders a drain that run() starts after.)
+    state_.on_routes_delivered(now(), out);
   } else {
     reply = state_.on_frontend_request(*request, now(), out);
     if (request->body_case() == v1::FrontendRequest::kLoad) {
@@ -255,6 +257,9 @@ void CoordinatorServer::push_routes() {
       // Gone: it stops saying hello and expires.
     }
   }
+  std::vector<Outbound> out;
+  state_.on_routes_delivered(now(), out);
+  send(out);
 }
 
 void CoordinatorServer::run_handovers() {

@@ -64,12 +64,14 @@ ask() {  # ask NAME: one request through the gateway, checked against the single
 ask "first request (cold start)"
 p=$(phase)
 [[ ${p#* } == 2 ]] || die "expected a 2-stage plan, got: $p"
+# The loading phase lasts as long as the standalone engine's start: polled without a Python
+# start per look (the box's only plan; a phase is the only PHASE_ value in the state).
 seen=''
-for ((t = 0; t < 200; t++)); do
-  p=$(phase)
-  [[ $p == PHASE_LOADING* ]] && { seen=1; break; }
-  [[ $p == PHASE_CONSOLIDATED* || $p == PHASE_HANDOVER* || $p == PHASE_STOPPING* ]] && break
-  sleep 0.05
+for ((t = 0; t < 1000; t++)); do
+  p=$(cluster state 2>/dev/null | grep -o 'PHASE_[A-Z]*' | head -1)
+  [[ $p == PHASE_LOADING ]] && { seen=1; break; }
+  [[ $p == PHASE_CONSOLIDATED || $p == PHASE_HANDOVER || $p == PHASE_STOPPING ]] && break
+  sleep 0.01
 done
 [[ -n $seen ]] || die "never saw the plan loading (consolidating) before it moved on: $p"
 log "plan is $p: SIGKILL the coordinator, start it again"
@@ -91,4 +93,6 @@ for p in json.load(sys.stdin).get("plans", []):
   die "after the restart the plan is '$p', not consolidated"
 fi
 log "after the restart the plan resumed to $p"
+log "the restarted coordinator: $(grep -E 'hand-over|subscribed' \
+  "$BOX_WORK/coordinator/coordinator.restart.log" | cut -c1-160 | tr '\n' ';')"
 ask "request after the restart"

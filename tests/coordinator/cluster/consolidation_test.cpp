@@ -424,6 +424,117 @@ TEST(Consolidation, ARestartedCoordinatorResumesTheHandOverFromTheNodesReports) 
   }
 }
 
+// The cluster box's case (cluster.coordinator_restart): the coordinator dies while the plan
+// loads and the standalone worker is ready by the time the nodes re-register, so the new
+// coordinator starts in the hand-over. Nothing in the server reports per-worker in-flight
+// counts (gateways report load per model), so it must ask stage 0's engine to drain, once
+// stage 0's node has said where that engine serves and a gateway has the switched routes
+// (else the drained pipeline is stopped while gateways still send to it).
+TEST(Consolidation, AHandOverResumedAfterARestartAsksStageZerosEngineToDrain) {
+  ClusterConfig c = config();
+  c.handover = ClusterConfig::Handover::kv_transfer;  // a lost migration is not repeated
+  Harness h(c);
+  h.cold_start();
+  h.to_handover();
+  ASSERT_EQ(h.plan().phase(), v1::PHASE_HANDOVER);
+  const v1::Plan before = h.plan();
+  ASSERT_NE(h.node_of(0), h.node_of(1));
+
+  ClusterState restarted(c);
+  auto reregister = [&](const std::string& node, double now) {
+    v1::NodeMessage m = registration(node);
+    for (const auto& [id, status] : h.held.at(node)) *m.mutable_register_()->add_tasks() = status;
+    return restarted.on_node_message(node, m, now);
+  };
+  // Stage 1's node first: stage 0's engine is not known yet, so there is nothing to ask.
+  reregister(h.node_of(1), 10);
+  EXPECT_TRUE(restarted.take_migrations().empty());
+  reregister(h.node_of(0), 10);
+  const v1::Plan& p = restarted.plans().at(h.plan_id).plan;
+  ASSERT_EQ(p.phase(), v1::PHASE_HANDOVER);
+  EXPECT_EQ(p.handover(), "drain");
+  EXPECT_EQ(p.placement(0).standalone_route(), v1::WORKER_SERVING);
+  EXPECT_TRUE(restarted.take_migrations().empty()) << "no gateway has the new routes yet";
+  std::vector<Outbound> out;
+  restarted.tick(11);
+  EXPECT_TRUE(restarted.take_migrations().empty()) << "within the grace";
+  restarted.on_routes_delivered(11.5, out);
+  auto orders = restarted.take_migrations();
+  ASSERT_EQ(orders.size(), 1u) << "the resumed hand-over asks the engine to drain";
+  EXPECT_TRUE(orders[0].drain);
+  EXPECT_EQ(orders[0].plan_id, h.plan_id);
+  EXPECT_EQ(orders[0].from_url, before.placement(0).worker_url());
+  EXPECT_EQ(orders[0].to_url, before.placement(0).standalone_url());
+  // Heartbeats and progress after that do not ask again.
+  v1::NodeMessage beat;
+  beat.mutable_heartbeat();
+  restarted.on_node_message(h.node_of(0), beat, 12);
+  restarted.on_routes_delivered(12, out);
+  restarted.tick(20);
+  EXPECT_TRUE(restarted.take_migrations().empty()) << "asked once";
+  // The engine says its pipeline finished: the pipeline's workers are stopped.
+  restarted.on_migration_result(h.plan_id, true, "", 12, out);
+  EXPECT_EQ(restarted.plans().at(h.plan_id).plan.phase(), v1::PHASE_STOPPING);
+  EXPECT_EQ(tasks_of(out, v1::TASK_STOP_WORKER).size(), 2u);
+}
+
+// With no gateway heard after the restart, the resumed hand-over goes on after its grace.
+TEST(Consolidation, AResumedHandOverNoGatewayHearsOfDrainsAfterItsGrace) {
+  ClusterConfig c = config();
+  c.handover_resume_grace_s = 3;
+  Harness h(c);
+  h.cold_start();
+  h.to_handover();
+  ClusterState restarted(c);
+  for (const auto& [node, tasks] : h.held) {
+    v1::NodeMessage m = registration(node);
+    for (const auto& [id, status] : tasks) *m.mutable_register_()->add_tasks() = status;
+    restarted.on_node_message(node, m, 10);
+  }
+  ASSERT_EQ(restarted.plans().at(h.plan_id).plan.phase(), v1::PHASE_HANDOVER);
+  restarted.tick(12.9);
+  EXPECT_TRUE(restarted.take_migrations().empty());
+  restarted.tick(13);
+  auto orders = restarted.take_migrations();
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_TRUE(orders[0].drain);
+}
+
+// Restarted while the pipeline serves (before the consolidating fetch ended): the plan walks on
+// to the hand-over as usual, but its drain too waits for a gateway to have the routes.
+TEST(Consolidation, ARebuiltPlansHandOverWaitsForAGatewayToHaveItsRoutes) {
+  Harness h;
+  h.cold_start();
+  h.report(h.node_of(0), *h.task(h.plan_id + "/0/launch-worker"), v1::TASK_RUNNING, true);
+  h.report(h.node_of(1), *h.task(h.plan_id + "/1/launch-worker"), v1::TASK_RUNNING);
+  ASSERT_EQ(h.plan().phase(), v1::PHASE_PIPELINED);
+  ClusterState restarted(config());
+  for (const auto& [node, tasks] : h.held) {
+    v1::NodeMessage m = registration(node);
+    for (const auto& [id, status] : tasks) *m.mutable_register_()->add_tasks() = status;
+    restarted.on_node_message(node, m, 10);
+  }
+  ASSERT_EQ(restarted.plans().at(h.plan_id).plan.phase(), v1::PHASE_PIPELINED);
+  auto progress = [&](const std::string& node, v1::Task task, bool ready, double now) {
+    v1::NodeMessage m;
+    *m.mutable_progress()->mutable_task() = std::move(task);
+    m.mutable_progress()->set_state(
+        m.progress().task().kind() == v1::TASK_FETCH ? v1::TASK_DONE : v1::TASK_RUNNING);
+    m.mutable_progress()->set_worker_ready(ready);
+    return restarted.on_node_message(node, m, now);
+  };
+  const auto sent = progress(h.node_of(0), *h.task(h.plan_id + "/0/fetch"), false, 11);
+  const auto launched = tasks_of(sent, v1::TASK_LAUNCH_WORKER);
+  ASSERT_EQ(launched.size(), 1u);
+  ASSERT_TRUE(launched[0].standalone());
+  progress(h.node_of(0), launched[0], true, 12);
+  ASSERT_EQ(restarted.plans().at(h.plan_id).plan.phase(), v1::PHASE_HANDOVER);
+  EXPECT_TRUE(restarted.take_migrations().empty()) << "no gateway has the new routes yet";
+  std::vector<Outbound> out;
+  restarted.on_routes_delivered(12.5, out);
+  ASSERT_EQ(restarted.take_migrations().size(), 1u);
+}
+
 TEST(Consolidation, TheSlidingWindowStartsGroupsForTheQueueAndThePreviousWindow) {
   Harness h;
   std::vector<Outbound> out;
