@@ -181,6 +181,7 @@ void ClusterState::apply_progress(const std::string& node_id, const v1::TaskStat
 std::vector<Outbound> ClusterState::tick(double now, std::vector<std::string>* died) {
   std::vector<Outbound> out;
   last_now_ = std::max(last_now_, now);
+  erase_failed_plans();
   const double deadline = config_.heartbeat_interval_s * config_.liveness;
   std::vector<std::string> dead;
   for (auto& [id, node] : nodes_) {
@@ -373,6 +374,13 @@ void ClusterState::send_stage_tasks(PlanRecord& plan, const v1::PlannedStage& st
 std::expected<v1::Plan, std::string> ClusterState::plan_cold_start(const v1::ModelSpec& model,
                                                                    double now,
                                                                    std::vector<Outbound>& out) {
+  if (auto f = failed_cold_starts_.find(model.name()); f != failed_cold_starts_.end()) {
+    if (now < f->second.second) {
+      return std::unexpected(fmt::format("{}; no new cold start of it for {:.0f} s",
+                                         f->second.first, f->second.second - now));
+    }
+    failed_cold_starts_.erase(f);
+  }
   // The snapshot Alg. 1 runs on: live nodes with GPUs; b_x is what a new worker would get
   // on the node's link shared with the fetches it is running (Eq. 3's B/(N+1)), and a node
   // whose running fetches would miss their deadlines at that share is left out (Eq. 3 with
@@ -473,6 +481,7 @@ std::optional<std::pair<std::string, std::uint32_t>> ClusterState::replacement_f
 
 void ClusterState::replan_stages_of(const std::string& dead_node, std::vector<Outbound>& out) {
   for (auto& [id, plan] : plans_) {
+    if (plan.failed) continue;
     // Workers wired to the dead node's stage cannot serve: with workers, every stage of a
     // pipeline still starting or serving is launched again (relaunch). Later phases keep
     // their standalone workers; the hand-over carries on without the dead stage.

@@ -72,6 +72,11 @@ struct ClusterConfig {
   // subscriber until a gateway's next hello, one report interval, 1 s by default); with no
   // gateway heard for this long it goes on without.
   double handover_resume_grace_s = 3;
+  // A stage's worker that exits during the cold start: the pipeline is launched again this
+  // many times, then the cold start fails and the model's next ones are refused (with the
+  // reason) for failed_cold_start_backoff_s, so gateways answer their held requests at once.
+  std::uint32_t cold_start_relaunches = 1;
+  double failed_cold_start_backoff_s = 10;
 };
 
 struct Outbound {
@@ -98,6 +103,8 @@ struct PlanRecord {
   std::set<std::uint32_t> rest_fetch_sent;  // scale-up: stages asked to fetch the rest
   std::set<std::uint32_t> stop_sent;        // pipeline workers told to stop
   std::uint32_t generation = 0;             // of the pipeline's launches (relaunch())
+  std::uint32_t exit_relaunches = 0;        // relaunches for a worker that exited cold-starting
+  bool failed = false;                      // the cold start failed: erased at the next tick
 };
 
 // A model's load as the gateways see it (HydraServe §6.1's inputs).
@@ -199,6 +206,11 @@ class ClusterState {
   void order_handover(PlanRecord& plan, double now);
   // A rebuilt plan's hand-over held back until a gateway has its routes (order_handover).
   static bool waits_for_routes(const PlanRecord& plan);
+  // The plan's workers stopped, the plan marked failed (no route; erase_failed_plans drops
+  // it) and the model's cold starts refused for a while.
+  void fail_cold_start(PlanRecord& plan, const std::string& why, double now,
+                       std::vector<Outbound>& out);
+  void erase_failed_plans();
   void set_routes(PlanRecord& plan) const;
   void rebuild_workers_from(const std::string& node_id, const v1::Register& report);
   void replan_stages_of(const std::string& dead_node, std::vector<Outbound>& out);
@@ -224,6 +236,8 @@ class ClusterState {
   std::map<std::string, std::uint64_t> previous_arrivals_;  // §6.1: last window's, per model
   double last_now_ = 0;
   double routes_delivered_at_ = -1;  // on_routes_delivered
+  // model → why its last cold start failed, and until when its cold starts are refused
+  std::map<std::string, std::pair<std::string, double>> failed_cold_starts_;
 };
 
 }  // namespace thaw::coordinator

@@ -204,8 +204,29 @@ std::vector<std::uint32_t> ClusterState::standalone_stages(const PlanRecord& pla
   return out;
 }
 
+void ClusterState::fail_cold_start(PlanRecord& plan, const std::string& why, double now,
+                                   std::vector<Outbound>& out) {
+  const std::string reason =
+      fmt::format("the cold start of {} failed (plan {}): {}, also after {} relaunch(es)",
+                  plan.model.name(), plan.plan.id(), why, plan.exit_relaunches);
+  for (const v1::PlannedStage& s : plan.plan.placement()) {
+    if (s.worker_state() == v1::TASK_RUNNING) {
+      out.push_back({s.node_id(), as_message(stop_task(plan, s, false))});
+    }
+  }
+  plan.failed = true;
+  plan.plan.set_phase_error(reason);
+  // Gateways ask again as soon as the route is gone; a refusal with the reason answers their
+  // held requests at once instead of another cold start that would fail the same way.
+  failed_cold_starts_[plan.model.name()] = {reason, now + config_.failed_cold_start_backoff_s};
+}
+
+void ClusterState::erase_failed_plans() {
+  std::erase_if(plans_, [](const auto& p) { return p.second.failed; });
+}
+
 void ClusterState::advance(PlanRecord& plan, double now, std::vector<Outbound>& out) {
-  if (!config_.launch_workers) return;
+  if (!config_.launch_workers || plan.failed) return;
   v1::Plan& p = plan.plan;
   const v1::PlannedStage* first = stage_of(p, 0);
   if (first == nullptr) return;
@@ -215,22 +236,38 @@ void ClusterState::advance(PlanRecord& plan, double now, std::vector<Outbound>& 
       case v1::PHASE_UNSPECIFIED:
         p.set_phase(v1::PHASE_COLD_STARTING);
         break;
-      case v1::PHASE_COLD_STARTING:
-        // A stage's engine that exits before the pipeline serves: shown on the plan (no
-        // automatic retry: the same command would most likely fail the same way).
+      case v1::PHASE_COLD_STARTING: {
+        // A stage's engine that exits before the pipeline serves: every stage is launched
+        // once more (its peers' links broke with it), then the cold start fails, so that
+        // gateways stop holding its requests (a command that fails twice will fail again).
+        std::set<std::uint32_t> exited;
+        std::string which;
         for (const v1::PlannedStage& s : p.placement()) {
           if (s.worker_state() == v1::TASK_FAILED || s.worker_state() == v1::TASK_DONE) {
-            p.set_phase_error(fmt::format(
-                "the worker of stage {} on {} exited before the pipeline served (its log: the "
-                "node's state_dir/workers)",
-                s.stage(), s.node_id()));
+            exited.insert(s.stage());
+            which = fmt::format(
+                "the worker of stage {} on {} exited before the pipeline served "
+                "(its log: the node's state_dir/workers)",
+                s.stage(), s.node_id());
           }
+        }
+        if (!exited.empty()) {
+          if (plan.exit_relaunches < config_.cold_start_relaunches) {
+            ++plan.exit_relaunches;
+            relaunch(plan, exited, out);
+            p.set_phase_error(
+                fmt::format("{}; launched again (generation {})", which, plan.generation));
+          } else {
+            fail_cold_start(plan, which, now, out);
+          }
+          break;
         }
         if (first->worker_ready()) {
           // One stage is already a worker with the whole model: nothing to consolidate.
           p.set_phase(p.stages() == 1 ? v1::PHASE_CONSOLIDATED : v1::PHASE_PIPELINED);
         }
         break;
+      }
       case v1::PHASE_PIPELINED: {
         const std::vector<std::uint32_t> targets = standalone_stages(plan);
         if (targets.empty()) {
@@ -527,7 +564,7 @@ void ClusterState::on_gateway_demand(const std::string& model, const GatewayDema
   std::uint32_t standalone = 0, starting_capacity = 0;
   std::vector<PlanRecord*> pipelined;
   for (auto& [id, plan] : plans_) {
-    if (plan.model.name() != model) continue;
+    if (plan.model.name() != model || plan.failed) continue;
     switch (plan.plan.phase()) {
       case v1::PHASE_UNSPECIFIED:
       case v1::PHASE_COLD_STARTING:

@@ -64,6 +64,7 @@ v1::RouteTable GatewayHub::routes(const std::map<std::string, PlanRecord>& plans
   std::map<std::string, std::vector<v1::WorkerRoute>> by_model;
   for (const std::string& model : deployed) by_model[model];
   for (const auto& [id, record] : plans) {
+    if (record.failed) continue;  // its requests are answered, not held (fail_cold_start)
     const v1::Plan& plan = record.plan;
     std::vector<v1::WorkerRoute>& workers = by_model[plan.model()];
     bool any = false;

@@ -178,13 +178,58 @@ TEST(Consolidation, EachStageIsLaunchedWiredToItsPeersWithItsLayers) {
   EXPECT_NE(second.placement(0).http_port(), plan.placement(0).http_port());
 }
 
-TEST(Consolidation, AStageWhoseEngineExitsDuringTheColdStartIsShownOnThePlan) {
-  Harness h;
+TEST(Consolidation, AStageWhoseEngineExitsDuringTheColdStartIsRelaunchedOnceThenThePlanFails) {
+  ClusterConfig c = config();
+  c.failed_cold_start_backoff_s = 10;
+  Harness h(c);
   h.cold_start();
-  h.report(h.node_of(1), *h.task(h.plan_id + "/1/launch-worker"), v1::TASK_FAILED);
+  h.report(h.node_of(0), *h.task(h.plan_id + "/0/launch-worker"), v1::TASK_RUNNING);
+  auto out = h.report(h.node_of(1), *h.task(h.plan_id + "/1/launch-worker"), v1::TASK_FAILED);
+  // Once: every stage launched again wired to new ports (generation 1); the exited stage's
+  // old worker is gone, the other's is told to stop.
   EXPECT_EQ(h.plan().phase(), v1::PHASE_COLD_STARTING);
   EXPECT_NE(h.plan().phase_error().find("stage 1 on " + h.node_of(1)), std::string::npos)
       << h.plan().phase_error();
+  EXPECT_NE(h.plan().phase_error().find("launched again (generation 1)"), std::string::npos);
+  const auto launched = tasks_of(out, v1::TASK_LAUNCH_WORKER);
+  ASSERT_EQ(launched.size(), 2u);
+  for (const v1::Task& t : launched) EXPECT_EQ(t.generation(), 1u);
+  const auto stops = tasks_of(out, v1::TASK_STOP_WORKER);
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0].stage(), 0u);
+  EXPECT_EQ(stops[0].generation(), 0u);
+  EXPECT_EQ(h.plan().placement(0).route_state(), v1::WORKER_COLD_STARTING) << "still held";
+  // The old generation's exit, reported late, changes nothing.
+  h.report(h.node_of(0), *h.task(h.plan_id + "/0/launch-worker"), v1::TASK_DONE);
+  EXPECT_FALSE(h.state.plans().at(h.plan_id).failed);
+
+  // Twice: the cold start fails. Stage 0's new worker is stopped, the plan gives no route and
+  // is dropped at the next tick, and the model's next cold start is refused with the reason.
+  h.report(h.node_of(0), *h.task(h.plan_id + "/0/launch-worker-g1"), v1::TASK_RUNNING);
+  out =
+      h.report(h.node_of(1), *h.task(h.plan_id + "/1/launch-worker-g1"), v1::TASK_FAILED, false, 2);
+  ASSERT_TRUE(h.state.plans().contains(h.plan_id));
+  EXPECT_TRUE(h.state.plans().at(h.plan_id).failed);
+  EXPECT_NE(h.plan().phase_error().find("failed"), std::string::npos) << h.plan().phase_error();
+  EXPECT_TRUE(tasks_of(out, v1::TASK_LAUNCH_WORKER).empty()) << "not a third time";
+  const auto stopped = tasks_of(out, v1::TASK_STOP_WORKER);
+  ASSERT_EQ(stopped.size(), 1u);
+  EXPECT_EQ(stopped[0].stage(), 0u);
+  EXPECT_EQ(stopped[0].generation(), 1u);
+  const std::string exited_on = h.node_of(1);
+  h.state.tick(3);
+  EXPECT_FALSE(h.state.plans().contains(h.plan_id));
+  v1::FrontendRequest again;
+  again.mutable_cold_start()->set_model("llama");
+  std::vector<Outbound> sent;
+  auto reply = h.state.on_frontend_request(again, 4, sent);
+  EXPECT_NE(reply.error().find("stage 1 on " + exited_on), std::string::npos) << reply.error();
+  EXPECT_TRUE(sent.empty());
+  EXPECT_TRUE(h.state.plans().empty());
+  // After the back-off a cold start is tried again.
+  reply = h.state.on_frontend_request(again, 12.5, sent);
+  EXPECT_TRUE(reply.error().empty()) << reply.error();
+  EXPECT_EQ(h.state.plans().size(), 1u);
 }
 
 TEST(Consolidation, StageZeroServesOnceItsHealthAnswers) {

@@ -85,5 +85,23 @@ TEST(GatewayRoutes, AStandaloneWorkerIsRoutedNextToItsDrainingPipeline) {
   EXPECT_EQ(by_url["http://10.0.0.1:20005"], v1::WORKER_SERVING);
 }
 
+// A failed cold start (fail_cold_start) gives no route, not even a cold-starting one: gateways
+// would hold its requests for it; without a route they ask and get the refusal at once.
+TEST(GatewayRoutes, AFailedColdStartHasNoRoute) {
+  std::map<std::string, PlanRecord> plans;
+  PlanRecord& p = plans["p-1"];
+  p.plan.set_id("p-1");
+  p.plan.set_model("llama");
+  v1::PlannedStage* s0 = p.plan.add_placement();
+  s0->set_stage(0);
+  s0->set_node_id("n0");
+  s0->set_route_state(v1::WORKER_COLD_STARTING);
+  ASSERT_EQ(GatewayHub::routes(plans, {"llama"}).models(0).workers_size(), 1);
+  p.failed = true;
+  const v1::RouteTable t = GatewayHub::routes(plans, {"llama"});
+  ASSERT_EQ(t.models_size(), 1);
+  EXPECT_EQ(t.models(0).workers_size(), 0);
+}
+
 }  // namespace
 }  // namespace thaw::coordinator
