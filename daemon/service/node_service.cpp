@@ -194,10 +194,24 @@ ServiceResult<OpenedFile> NodeService::open_file(const std::string& model,
     }
     std::lock_guard lock(mutex_);
     if (auto it = fetches_.find(*key); it != fetches_.end() && !it->second->done()) {
-      return service_error(error_name::kNotReady,
-                           fmt::format("{} of model {} is not in the cache yet (the fetch is "
-                                       "listing the model); ask again shortly",
-                                       path, *key));
+      // A fetch creates the files it will ever create by the end of its headers phase
+      // (small files, then every weight file). The shim waits on NotReady (an engine
+      // launched with the fetch looks its files up at once), so a file absent after that
+      // phase must not be NotReady: it will never come, and an engine checking for an
+      // optional file (model.safetensors.index.json) would wait for the whole fetch.
+      const store::FetchPhase phase = it->second->fetch != nullptr
+                                          ? it->second->fetch->progress().phase
+                                          : store::FetchPhase::starting;
+      if (phase <= store::FetchPhase::headers) {
+        return service_error(error_name::kNotReady,
+                             fmt::format("{} of model {} is not in the cache yet (the fetch is "
+                                         "{}); ask again shortly",
+                                         path, *key, store::to_string(phase)));
+      }
+      return service_error(error_name::kUnknownModel,
+                           fmt::format("{} is not a file of model {} (its fetch, {}, created "
+                                       "every file the model has)",
+                                       path, *key, store::to_string(phase)));
     }
     return service_error(error_name::kUnknownModel,
                          fmt::format("{} of model {} is not cached and no fetch of it runs "

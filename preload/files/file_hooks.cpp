@@ -4,8 +4,9 @@
 // its range is verified, then reads; a private mapping of one is served page by page as
 // bytes arrive (streaming_mapping.hpp), or — without userfaultfd, or for shared mappings —
 // mmap waits until the whole range is in. Mappings of managed files (complete or not) are
-// registered (file_mappings.hpp) for the layout record's copy map. Every other call goes
-// straight to libc.
+// registered (file_mappings.hpp) for the layout record's copy map. A read-only open that
+// fails with ENOENT for a model file thawd's fetch has not created yet waits for it and is
+// made again (pending_files.hpp). Every other call goes straight to libc.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "preload/files/managed_files.hpp"
+#include "preload/files/pending_files.hpp"
 #include "preload/files/streaming_mapping.hpp"
 #include "preload/interpose/real_driver.hpp"
 #include "preload/runtime/shim_runtime.hpp"
@@ -43,6 +45,17 @@ int after_open(int fd, int dirfd, const char* path, int flags) {
   return fd;
 }
 
+// `real` (an open) once more when it failed to find a model file thawd's fetch has not
+// created yet, once the fetch has.
+template <typename Open>
+int open_when_created(int dirfd, const char* path, int flags, Open real) {
+  const int fd = real();
+  if (fd >= 0 || !read_only(flags) || (flags & O_CREAT) != 0) return fd;
+  auto where = pending_candidate(dirfd, path, errno);
+  if (!where || !wait_until_created(*where)) return fd;
+  return real();
+}
+
 mode_t mode_arg(int flags, va_list ap) {
   return (flags & O_CREAT) != 0 || (flags & O_TMPFILE) == O_TMPFILE ? va_arg(ap, mode_t) : 0;
 }
@@ -63,7 +76,9 @@ int open(const char* path, int flags, ...) {
   va_start(ap, flags);
   const mode_t mode = mode_arg(flags, ap);
   va_end(ap);
-  return after_open(real_open(path, flags, mode), AT_FDCWD, path, flags);
+  return after_open(
+      open_when_created(AT_FDCWD, path, flags, [&] { return real_open(path, flags, mode); }),
+      AT_FDCWD, path, flags);
 }
 
 int open64(const char* path, int flags, ...) {
@@ -72,7 +87,9 @@ int open64(const char* path, int flags, ...) {
   va_start(ap, flags);
   const mode_t mode = mode_arg(flags, ap);
   va_end(ap);
-  return after_open(real_open64(path, flags, mode), AT_FDCWD, path, flags);
+  return after_open(
+      open_when_created(AT_FDCWD, path, flags, [&] { return real_open64(path, flags, mode); }),
+      AT_FDCWD, path, flags);
 }
 
 int openat(int dirfd, const char* path, int flags, ...) {
@@ -81,7 +98,9 @@ int openat(int dirfd, const char* path, int flags, ...) {
   va_start(ap, flags);
   const mode_t mode = mode_arg(flags, ap);
   va_end(ap);
-  return after_open(real_openat(dirfd, path, flags, mode), dirfd, path, flags);
+  return after_open(
+      open_when_created(dirfd, path, flags, [&] { return real_openat(dirfd, path, flags, mode); }),
+      dirfd, path, flags);
 }
 
 int openat64(int dirfd, const char* path, int flags, ...) {
@@ -90,25 +109,31 @@ int openat64(int dirfd, const char* path, int flags, ...) {
   va_start(ap, flags);
   const mode_t mode = mode_arg(flags, ap);
   va_end(ap);
-  return after_open(real_openat64(dirfd, path, flags, mode), dirfd, path, flags);
+  return after_open(open_when_created(dirfd, path, flags,
+                                      [&] { return real_openat64(dirfd, path, flags, mode); }),
+                    dirfd, path, flags);
 }
 
 // _FORTIFY_SOURCE variants.
 int __open_2(const char* path, int flags) {
   static const auto real = libc<int (*)(const char*, int)>("__open_2");
-  return after_open(real(path, flags), AT_FDCWD, path, flags);
+  return after_open(open_when_created(AT_FDCWD, path, flags, [&] { return real(path, flags); }),
+                    AT_FDCWD, path, flags);
 }
 int __open64_2(const char* path, int flags) {
   static const auto real = libc<int (*)(const char*, int)>("__open64_2");
-  return after_open(real(path, flags), AT_FDCWD, path, flags);
+  return after_open(open_when_created(AT_FDCWD, path, flags, [&] { return real(path, flags); }),
+                    AT_FDCWD, path, flags);
 }
 int __openat_2(int dirfd, const char* path, int flags) {
   static const auto real = libc<int (*)(int, const char*, int)>("__openat_2");
-  return after_open(real(dirfd, path, flags), dirfd, path, flags);
+  return after_open(open_when_created(dirfd, path, flags, [&] { return real(dirfd, path, flags); }),
+                    dirfd, path, flags);
 }
 int __openat64_2(int dirfd, const char* path, int flags) {
   static const auto real = libc<int (*)(int, const char*, int)>("__openat64_2");
-  return after_open(real(dirfd, path, flags), dirfd, path, flags);
+  return after_open(open_when_created(dirfd, path, flags, [&] { return real(dirfd, path, flags); }),
+                    dirfd, path, flags);
 }
 
 int close(int fd) {

@@ -65,6 +65,12 @@ class Connection {
     return reply_as<Reply>(*in, Request::kType);
   }
 
+  // The reply whatever its type (nullopt: no thawd).
+  std::optional<proto::Envelope> exchange(const proto::ShimMessage& m) {
+    std::lock_guard lock(mutex_);
+    return exchange_locked(m);
+  }
+
   // attach_slot (+ the layout's memfd), its page messages (+ the pages' fds), then
   // `imported` — one exchange under the lock, so no other request interleaves.
   std::optional<AttachedSlot> attach(const std::string& model) {
@@ -221,6 +227,22 @@ std::optional<UniqueFd> daemon_readiness_fd(const std::string& model_key,
     return std::nullopt;
   }
   return std::move(file->readiness);
+}
+
+PendingFileState daemon_pending_file(const std::string& model_key,
+                                     const std::string& relative_path) {
+  auto in = Connection::get().exchange(proto::OpenFile{model_key, relative_path});
+  if (!in) return {};
+  if (const auto* file = std::get_if<proto::File>(&in->message)) {
+    return {PendingFileState::present, file->size};
+  }
+  // NotReady is thawd's word for "a fetch of this model runs and has not created the file".
+  const auto* e = std::get_if<proto::Error>(&in->message);
+  if (e != nullptr && e->name == "org.thaw.Error.NotReady") return {PendingFileState::fetching};
+  if (e != nullptr)
+    debug("thawd answered open_file {} of {} with {}: {}", relative_path, model_key, e->name,
+          e->message);
+  return {};
 }
 
 std::optional<std::string> daemon_get_artifact(proto::ArtifactKind kind,

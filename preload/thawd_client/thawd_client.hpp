@@ -25,6 +25,17 @@ std::optional<UniqueFd> daemon_readiness_fd(const std::string& model_key,
                                             const std::string& relative_path,
                                             const std::string& opened_path);
 
+// What thawd says of a model file the engine looked for before the file was in the cache:
+// `fetching` while a fetch of its model runs and has not created it yet (thawd lists the
+// model, then creates each file at its final size), `present` (with that size) once it is
+// there, `unknown` when thawd is not reachable or no fetch will create it.
+struct PendingFileState {
+  enum Kind { unknown, fetching, present } kind = unknown;
+  std::uint64_t size = 0;  // when present
+};
+PendingFileState daemon_pending_file(const std::string& model_key,
+                                     const std::string& relative_path);
+
 // The artifact of `kind` recorded for `identity`, as text; nullopt when there is none (or no
 // thawd).
 std::optional<std::string> daemon_get_artifact(proto::ArtifactKind kind,
