@@ -121,12 +121,16 @@ void TaskRunner::run_locked(Held& held) {
                          "this node has no worker command: set coordinator.worker_command in "
                          "/etc/thaw/thawd.toml");
       }
-      for (const auto& [id, other] : tasks_) {
-        const v1::Task& f = other.status.task();
-        if (f.kind() == v1::TASK_FETCH && f.plan_id() == task.plan_id() &&
-            f.stage() == task.stage() && other.status.state() == v1::TASK_RUNNING) {
-          held.waiting_for = id;
-          return;  // launched by refresh once the stage is in
+      // Without the shim nothing holds the engine's reads until the bytes are in: such a
+      // worker (e.g. a baseline run without thaw) starts once its stage's fetch has ended.
+      if (settings_.preload.empty()) {
+        for (const auto& [id, other] : tasks_) {
+          const v1::Task& f = other.status.task();
+          if (f.kind() == v1::TASK_FETCH && f.plan_id() == task.plan_id() &&
+              f.stage() == task.stage() && other.status.state() == v1::TASK_RUNNING) {
+            held.waiting_for = id;
+            return;  // launched by refresh once the stage is in
+          }
         }
       }
       launch_locked(held);

@@ -9,10 +9,14 @@
 //   evict          every slot of the model on this node
 //   activate       the model's prewarmed slot on the GPU becomes its active one (no copy)
 //   launch-worker  the configured worker command with the preload shim (WorkerLauncher);
-//                  running while it runs, done on exit 0. A fetch of the same plan stage
-//                  still running here is waited for first: an engine checks that every
-//                  file of its model exists before the shim sees an open (the shim does not
-//                  answer stat), and the fetch creates them. The command's placeholders wire it
+//                  running while it runs, done on exit 0. Under the shim (a preload is
+//                  configured) it starts at once, while its stage's fetch still runs: that
+//                  overlap of the engine's start with the fetch is the point of a cold start
+//                  here (the shim makes the engine's stat/open of a file the fetch has not
+//                  created yet wait for it, and its reads wait for bytes not yet in:
+//                  preload/files). A worker without the shim could read holes of a file
+//                  still arriving, so it waits until a fetch of the same plan stage running
+//                  here has ended. The command's placeholders wire it
 //                  into its pipeline group: {pp_rank} {pp_size} {peers} (host:port,...),
 //                  {port} (where it serves), {layer_begin} {layer_end}, {timeline} (a file
 //                  for the engine's start-up timeline). A worker with a port is polled at
@@ -78,7 +82,8 @@ class TaskRunner {
     std::string unit;               // launch-worker
     std::uint64_t launched_ns = 0;  // launch-worker: when it was started
     std::filesystem::path timeline;
-    std::string waiting_for;  // launch-worker: the fetch task whose stage must be in first
+    std::string waiting_for;  // launch-worker without the shim: the fetch task whose stage
+                              // must be in first
     bool changed = true;
   };
   void refresh_locked(Held& task);

@@ -3,11 +3,18 @@
 // the coordinator sends again is not carried out again.
 #include "daemon/agent/task_runner.hpp"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -43,12 +50,19 @@ class TaskRunnerTest : public testing::NodeServiceFixture {
   }
 
   TaskRunner& runner(std::vector<std::string> command = {},
-                     std::function<bool(std::uint16_t)> probe = {}) {
+                     std::function<bool(std::uint16_t)> probe = {},
+                     std::string preload = "/nonexistent/libthaw-preload.so") {
     runner_ = std::make_unique<TaskRunner>(
         *service_, *workers_,
-        WorkerSettings{std::move(command), "/nonexistent/libthaw-preload.so", "/run/test.sock",
+        WorkerSettings{std::move(command), std::move(preload), "/run/test.sock",
                        dir_.path() / "timelines", std::move(probe)});
     return *runner_;
+  }
+  v1::TaskStatus held(const std::string& id) const {
+    for (const v1::TaskStatus& s : runner_->held())
+      if (s.task().id() == id) return s;
+    ADD_FAILURE() << "no task " << id;
+    return {};
   }
 
   // Polls as the agent does until the task leaves the running state; its last status.
@@ -67,6 +81,77 @@ class TaskRunnerTest : public testing::NodeServiceFixture {
 
   std::unique_ptr<TaskRunner> runner_;
 };
+
+// A registry that takes connections and never answers: a fetch from it stays in its listing
+// until close(), when the kernel resets the connections it had queued and the fetch fails.
+class SilentRegistry {
+ public:
+  SilentRegistry() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(fd_, 16) != 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ADD_FAILURE() << "no loopback listener: " << std::strerror(errno);
+    }
+    port_ = ntohs(a.sin_port);
+  }
+  ~SilentRegistry() { close(); }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+};
+
+// HydraServe's overlap: under the shim, a stage's engine starts while its stage is fetched
+// (the shim holds its lookups and reads until the bytes are in).
+TEST_F(TaskRunnerTest, UnderTheShimAStagesWorkerStartsWhileItsFetchStillRuns) {
+  SilentRegistry registry;
+  service_->set_config(NodeServiceConfig{registry.url(), 1, 0});
+  const auto out = dir_.path() / "launched";
+  TaskRunner& r = runner({"/bin/sh", "-c", fmt::format("touch '{}'", out.string())});
+  const v1::TaskStatus fetch = r.start(make_task("p-1/1/fetch", v1::TASK_FETCH, 1, 2));
+  ASSERT_EQ(fetch.state(), v1::TASK_RUNNING) << fetch.error();
+  const v1::TaskStatus launch =
+      r.start(make_task("p-1/1/launch-worker", v1::TASK_LAUNCH_WORKER, 1, 2));
+  EXPECT_NE(launch.state(), v1::TASK_FAILED) << launch.error();  // (done already, maybe)
+  EXPECT_EQ(until_finished("p-1/1/launch-worker").state(), v1::TASK_DONE);
+  EXPECT_TRUE(std::filesystem::exists(out)) << "the worker did not run";
+  EXPECT_EQ(held("p-1/1/fetch").state(), v1::TASK_RUNNING)
+      << "the fetch ended first: the test shows nothing about the launch's timing";
+  registry.close();
+  EXPECT_EQ(until_finished("p-1/1/fetch").state(), v1::TASK_FAILED);
+}
+
+// Without the shim (no preload configured) nothing would hold the engine's reads of bytes
+// still arriving: the worker starts only once its stage's fetch has ended, and not at all
+// when the fetch fails.
+TEST_F(TaskRunnerTest, WithoutTheShimAStagesWorkerWaitsForItsFetch) {
+  SilentRegistry registry;
+  service_->set_config(NodeServiceConfig{registry.url(), 1, 0});
+  const auto out = dir_.path() / "launched";
+  TaskRunner& r = runner({"/bin/sh", "-c", fmt::format("touch '{}'", out.string())}, {}, "");
+  ASSERT_EQ(r.start(make_task("p-1/1/fetch", v1::TASK_FETCH, 1, 2)).state(), v1::TASK_RUNNING);
+  r.start(make_task("p-1/1/launch-worker", v1::TASK_LAUNCH_WORKER, 1, 2));
+  for (int i = 0; i < 30; ++i) {
+    r.poll();
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(held("p-1/1/launch-worker").state(), v1::TASK_RUNNING);
+  EXPECT_FALSE(std::filesystem::exists(out)) << "launched before its stage was in";
+  registry.close();
+  const v1::TaskStatus launch = until_finished("p-1/1/launch-worker");
+  EXPECT_EQ(launch.state(), v1::TASK_FAILED);
+  EXPECT_NE(launch.error().find("its stage's fetch failed"), std::string::npos) << launch.error();
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
 
 TEST_F(TaskRunnerTest, AFetchWithoutARegistryFailsSayingWhatToSet) {
   const v1::TaskStatus s = runner().start(make_task("p-1/0/fetch", v1::TASK_FETCH, 0, 2));
