@@ -80,6 +80,19 @@ ordered_json dims_json(const std::array<std::uint32_t, 3>& d) {
   return ordered_json::array({d[0], d[1], d[2]});
 }
 
+// The launch attributes of a KernelNode or the record's AttributeDefaults, in one order.
+template <class Attributes>
+void add_attributes(ordered_json& out, const Attributes& k) {
+  out["cooperative"] = k.cooperative;
+  out["priority"] = k.priority;
+  out["cluster"] = ordered_json::array({k.cluster[0], k.cluster[1], k.cluster[2]});
+  out["cluster_scheduling"] = k.cluster_scheduling;
+  out["mem_sync_domain"] = k.mem_sync_domain;
+  out["mem_sync_domain_map"] =
+      ordered_json::array({k.mem_sync_domain_map[0], k.mem_sync_domain_map[1]});
+  out["carveout"] = k.carveout;
+}
+
 ordered_json kernel_json(const KernelNode& k) {
   ordered_json params = ordered_json::array();
   for (const ParamSlot& p : k.params) params.push_back(ordered_json::array({p.offset, p.size}));
@@ -91,14 +104,7 @@ ordered_json kernel_json(const KernelNode& k) {
   out["shared_bytes"] = k.shared_bytes;
   out["params"] = std::move(params);
   out["param_bytes"] = to_hex(k.param_bytes);
-  out["cooperative"] = k.cooperative;
-  out["priority"] = k.priority;
-  out["cluster"] = ordered_json::array({k.cluster[0], k.cluster[1], k.cluster[2]});
-  out["cluster_scheduling"] = k.cluster_scheduling;
-  out["mem_sync_domain"] = k.mem_sync_domain;
-  out["mem_sync_domain_map"] =
-      ordered_json::array({k.mem_sync_domain_map[0], k.mem_sync_domain_map[1]});
-  out["carveout"] = k.carveout;
+  add_attributes(out, k);
   return out;
 }
 
@@ -347,8 +353,10 @@ std::string read_pair(const json& j, const Where& where, std::uint32_t& a, std::
   return {};
 }
 
-// The launch attributes of version 3 (graph_record_model.hpp): the values the driver takes.
-std::string read_attributes(const json& j, const Where& where, KernelNode& k) {
+// The launch attributes of version 3 (graph_record_model.hpp): the values the driver takes. A
+// KernelNode's or the record's AttributeDefaults (the same fields, the same rules).
+template <class Attributes>
+std::string read_attributes(const json& j, const Where& where, Attributes& k) {
   const json& cluster = j.at("cluster");
   const Where cluster_at(where, "cluster");
   if (!cluster.is_array() || cluster.size() != 3)
@@ -593,7 +601,8 @@ std::string read_graph(const json& j, const Where& where,
 
 std::string read_record(const json& doc, GraphRecord& r) {
   const Where root;
-  THAW_TRY(exact_fields(doc, root, {"version", "identity", "modules", "graphs"}));
+  THAW_TRY(
+      exact_fields(doc, root, {"version", "identity", "attribute_defaults", "modules", "graphs"}));
   const json& version = doc.at("version");
   if (!version.is_number_unsigned() ||
       version.get<std::uint64_t>() != static_cast<std::uint64_t>(kGraphRecordVersion)) {
@@ -605,6 +614,15 @@ std::string read_record(const json& doc, GraphRecord& r) {
   const json& identity = doc.at("identity");
   const Where identity_at(root, "identity");
   THAW_TRY(exact_fields(identity, identity_at, {"engine", "model", "gpu", "driver"}));
+  const json& defaults = doc.at("attribute_defaults");
+  const Where defaults_at(root, "attribute_defaults");
+  THAW_TRY(exact_fields(defaults, defaults_at,
+                        {"cooperative", "priority", "cluster", "cluster_scheduling",
+                         "mem_sync_domain", "mem_sync_domain_map", "carveout"}));
+  AttributeDefaults& d = r.attribute_defaults;
+  THAW_TRY(read_u32(defaults.at("cooperative"), Where(defaults_at, "cooperative"), d.cooperative));
+  THAW_TRY(read_u32(defaults.at("priority"), Where(defaults_at, "priority"), d.priority));
+  THAW_TRY(read_attributes(defaults, defaults_at, d));
   THAW_TRY(read_string(identity.at("engine"), Where(identity_at, "engine"), r.identity.engine));
   THAW_TRY(read_string(identity.at("model"), Where(identity_at, "model"), r.identity.model));
   THAW_TRY(read_string(identity.at("gpu"), Where(identity_at, "gpu"), r.identity.gpu));
@@ -756,6 +774,9 @@ std::string graph_record_to_json(const GraphRecord& record) {
   ordered_json doc = ordered_json::object();
   doc["version"] = record.version;
   doc["identity"] = std::move(identity);
+  ordered_json defaults = ordered_json::object();
+  add_attributes(defaults, record.attribute_defaults);
+  doc["attribute_defaults"] = std::move(defaults);
   doc["modules"] = std::move(modules);
   doc["graphs"] = std::move(graphs);
   return doc.dump(-1, ' ', false, ordered_json::error_handler_t::replace);

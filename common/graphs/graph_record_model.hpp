@@ -5,12 +5,14 @@
 // which lacks <expected>. The rest of thaw includes graph_record.hpp, which adds the
 // std::expected API over it.
 //
-// The text form (version 3), one JSON object with exactly these fields (a missing or an unknown
+// The text form (version 4), one JSON object with exactly these fields (a missing or an unknown
 // field is an error at every level: a new field is a new version — version 2 added the graphs'
-// "label", version 3 the kernels' cluster and memory-sync attributes; a text of another version
-// is refused):
-//   {"version": 1,
+// "label", version 3 the kernels' cluster and memory-sync attributes, version 4 the driver's
+// "attribute_defaults"; a text of another version is refused):
+//   {"version": 4,
 //    "identity": {"engine": s, "model": s, "gpu": s, "driver": s},
+//    "attribute_defaults": {"cooperative": u32, "priority": u32, <the kernel's attribute fields
+//                           from "cluster" to "carveout", with their rules>},
 //    "modules": [{"digest": hex64, "bytes": u64 >= 1, "kind": "cubin"|"fatbin"|"ptx"|"unknown"}],
 //    "graphs": [{"index": u32, "allocation_index": u64,
 //                "nodes": [{"type": t, <payload>}],
@@ -56,7 +58,7 @@
 
 namespace thaw::graphs {
 
-inline constexpr int kGraphRecordVersion = 3;
+inline constexpr int kGraphRecordVersion = 4;
 
 // Limits of what a record may hold (a capture of a real engine is far below each).
 inline constexpr std::size_t kMaxGraphRecordBytes = 32u << 20;  // thawd's artifact limit
@@ -104,6 +106,23 @@ inline constexpr std::uint32_t kCarveoutDefault = 0xffff'ffffu;  // CU_SHAREDMEM
 inline constexpr std::uint32_t kMaxClusterSchedulingPolicy = 2;  // LOAD_BALANCING
 inline constexpr std::uint32_t kMaxMemSyncDomain = 1;            // REMOTE
 
+// What the recording run's driver answered cuGraphKernelNodeGetAttribute for a kernel node
+// that never had an attribute set (probed: a driver need not answer what CUDA's headers call the
+// default — a carveout of 0 rather than -1, a cluster of [1, 1, 1] rather than none). A kernel
+// node's attributes below hold a value only where it differs from these; where it equals them
+// the node holds the canonical "not set" value (what KernelNode's initializers say). A restore
+// whose own driver answers other defaults is a mismatch: that driver behaves differently.
+struct AttributeDefaults {
+  std::uint32_t cooperative = 0;
+  std::uint32_t priority = 0;
+  std::array<std::uint32_t, 3> cluster{0, 0, 0};
+  std::uint32_t cluster_scheduling = 0;
+  std::uint32_t mem_sync_domain = 0;
+  std::array<std::uint32_t, 2> mem_sync_domain_map{0, 0};
+  std::uint32_t carveout = 0xffff'ffffu;  // CU_SHAREDMEM_CARVEOUT_DEFAULT
+  bool operator==(const AttributeDefaults&) const = default;
+};
+
 struct KernelNode {
   KernelIdentity kernel;
   std::array<std::uint32_t, 3> grid{1, 1, 1};
@@ -112,7 +131,8 @@ struct KernelNode {
   std::vector<ParamSlot> params;
   std::vector<std::uint8_t> param_bytes;  // the parameter buffer, params laid out in it
   // Node attributes that change execution (cuGraphKernelNodeGetAttribute), by CUlaunchAttributeID
-  // value; only those the recorder read and found set.
+  // value; only those the recorder read and found to differ from the driver's defaults (the
+  // record's attribute_defaults); the others hold these initial values ("not set").
   std::uint32_t cooperative = 0;
   std::uint32_t priority = 0;
   // CLUSTER_DIMENSION: {0, 0, 0} when the node has none (CUTLASS 3 / cuBLAS GEMMs on sm_90 have
@@ -179,6 +199,7 @@ struct RecordedGraph {
 struct GraphRecord {
   int version = kGraphRecordVersion;
   GraphIdentity identity;
+  AttributeDefaults attribute_defaults;
   std::vector<RecordedModule> modules;
   std::vector<RecordedGraph> graphs;
   bool operator==(const GraphRecord&) const = default;

@@ -696,11 +696,15 @@ EMU_EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode h, CUkernelNodeAtt
       case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
         value->cooperative = a.cooperative;
         return CUDA_SUCCESS;
-      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
-        value->clusterDim.x = a.cluster[0];
-        value->clusterDim.y = a.cluster[1];
-        value->clusterDim.z = a.cluster[2];
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: {
+        // No cluster: what this driver answers for none (THAW_EMU_CLUSTER_DEFAULT).
+        const bool none = a.cluster[0] == 0 && a.cluster[1] == 0 && a.cluster[2] == 0;
+        const unsigned d = driver().cfg().reported_cluster_default;
+        value->clusterDim.x = none ? d : a.cluster[0];
+        value->clusterDim.y = none ? d : a.cluster[1];
+        value->clusterDim.z = none ? d : a.cluster[2];
         return CUDA_SUCCESS;
+      }
       case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
         value->clusterSchedulingPolicyPreference =
             static_cast<CUclusterSchedulingPolicy>(a.cluster_policy);
@@ -713,7 +717,9 @@ EMU_EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode h, CUkernelNodeAtt
         value->memSyncDomainMap.remote = a.mem_sync_map[1];
         return CUDA_SUCCESS;
       case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-        value->sharedMemCarveout = a.carveout;
+        // Not set: what this driver answers for it (THAW_EMU_CARVEOUT_DEFAULT).
+        value->sharedMemCarveout =
+            a.carveout == 0xffffffffu ? driver().cfg().reported_carveout_default : a.carveout;
         return CUDA_SUCCESS;
       default:
         return CUDA_ERROR_NOT_SUPPORTED;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
+#include <string_view>
 
 namespace emu {
 namespace {
@@ -124,6 +125,26 @@ std::expected<Config, std::string> config_from_env() {
       }
       *field = std::chrono::nanoseconds(static_cast<std::int64_t>(us * 1000));
     }
+  }
+  if (const char* v = env("THAW_EMU_CARVEOUT_DEFAULT")) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || n < -1 || n > 100) {
+      return std::unexpected(fmt::format(
+          "THAW_EMU_CARVEOUT_DEFAULT='{}' is not a carveout: a percentage 0..100, or -1 "
+          "(CU_SHAREDMEM_CARVEOUT_DEFAULT, what the emulator answers without it)",
+          v));
+    }
+    c.reported_carveout_default = static_cast<std::uint32_t>(n);  // -1 is 0xffffffff
+  }
+  if (const char* v = env("THAW_EMU_CLUSTER_DEFAULT")) {
+    if (std::string_view(v) != "0" && std::string_view(v) != "1") {
+      return std::unexpected(fmt::format(
+          "THAW_EMU_CLUSTER_DEFAULT='{}' is not 0 (a node without a cluster answers [0, 0, 0]) "
+          "or 1 (it answers [1, 1, 1])",
+          v));
+    }
+    c.reported_cluster_default = v[0] == '1' ? 1 : 0;
   }
   if (const char* v = env("THAW_EMU_TRACE")) c.trace_path = v;
   if (const char* v = env("THAW_EMU_FAULTS")) c.faults_spec = v;

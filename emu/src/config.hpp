@@ -32,6 +32,14 @@ struct Config {
   std::chrono::nanoseconds instantiate_node_cost{25'000};
   // A replayed graph launches its nodes with far less CPU overhead than separate launches.
   std::chrono::nanoseconds graph_node_latency{1'000};
+  // What cuGraphKernelNodeGetAttribute answers for a kernel node that never had the attribute
+  // set (or was set to "none"). CUDA's headers name CU_SHAREDMEM_CARVEOUT_DEFAULT (-1) and a
+  // cluster of 0 as the defaults, but nothing says a real driver answers them; these let the
+  // emulator be a driver that answers otherwise (a carveout of 0, a cluster of [1, 1, 1]), so
+  // tests show thaw probes the defaults instead of assuming them. Only the answer changes: the
+  // node runs as before.
+  std::uint32_t reported_carveout_default = 0xffff'ffffu;  // THAW_EMU_CARVEOUT_DEFAULT
+  std::uint32_t reported_cluster_default = 0;              // THAW_EMU_CLUSTER_DEFAULT (0 or 1)
   std::string trace_path;
   std::string faults_spec;
 };

@@ -168,8 +168,9 @@ std::optional<std::string> GraphRecorder::walk(CUgraph graph, RecordedGraph& out
     switch (n.type) {
       case NodeType::kernel: {
         KernelNode k;
-        if (auto why = describe_kernel(node, k)) return why;
-        if (auto why = kernel_attributes(node, k)) {
+        CUfunction f = nullptr;
+        if (auto why = describe_kernel(node, k, f)) return why;
+        if (auto why = kernel_attributes(node, f, k)) {
           // Recorded, but as a node no restore rebuilds (the whole graph then is not restored).
           n.type = NodeType::other;
           unrestorable(fmt::format("kernel {}: {}", k.kernel.name, *why));
@@ -219,7 +220,8 @@ std::optional<std::string> GraphRecorder::walk(CUgraph graph, RecordedGraph& out
   return std::nullopt;
 }
 
-std::optional<std::string> GraphRecorder::describe_kernel(CUgraphNode node, KernelNode& out) {
+std::optional<std::string> GraphRecorder::describe_kernel(CUgraphNode node, KernelNode& out,
+                                                          CUfunction& function) {
   CUDA_KERNEL_NODE_PARAMS p{};
   if (CUresult r = driver_.kernel_params(node, p); r != CUDA_SUCCESS) {
     return fmt::format("cuGraphKernelNodeGetParams failed ({})", static_cast<int>(r));
@@ -231,6 +233,7 @@ std::optional<std::string> GraphRecorder::describe_kernel(CUgraphNode node, Kern
     }
   }
   if (f == nullptr) return std::string("a kernel node names no function");
+  function = f;
   if (auto why = kernel_identity(f, out.kernel)) return why;
   out.grid = {p.gridDimX, p.gridDimY, p.gridDimZ};
   out.block = {p.blockDimX, p.blockDimY, p.blockDimZ};
@@ -276,67 +279,152 @@ std::optional<std::string> GraphRecorder::describe_kernel(CUgraphNode node, Kern
   return std::nullopt;
 }
 
-// The node attributes that change how the kernel runs (CUDA 13's CU_KERNEL_NODE_ATTRIBUTE_*). A
-// query the driver refuses is an attribute it does not have (older drivers lack some): the
-// default. A value a record cannot hold makes the node unrestorable (the caller records it as
-// "other"), never silently dropped: a GEMM rebuilt without its cluster runs another
-// configuration.
-std::optional<std::string> GraphRecorder::kernel_attributes(CUgraphNode node, KernelNode& out) {
+graphs::AttributeDefaults read_kernel_node_attributes(
+    const std::function<CUresult(CUkernelNodeAttrID, CUkernelNodeAttrValue&)>& get) {
+  graphs::AttributeDefaults out;
   auto read = [&](CUlaunchAttributeID id, CUkernelNodeAttrValue& v) {
     v = {};
-    return driver_.kernel_attribute(node, id, v) == CUDA_SUCCESS;
+    return get(id, v) == CUDA_SUCCESS;
   };
   CUkernelNodeAttrValue v{};
   if (read(CU_LAUNCH_ATTRIBUTE_COOPERATIVE, v)) out.cooperative = v.cooperative != 0 ? 1 : 0;
   if (read(CU_LAUNCH_ATTRIBUTE_PRIORITY, v)) out.priority = static_cast<std::uint32_t>(v.priority);
-  if (read(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, v)) {
+  if (read(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, v))
     out.cluster = {v.clusterDim.x, v.clusterDim.y, v.clusterDim.z};
-    const bool none = out.cluster == std::array<std::uint32_t, 3>{0, 0, 0};
-    if (!none && (v.clusterDim.x == 0 || v.clusterDim.y == 0 || v.clusterDim.z == 0)) {
-      return fmt::format("cluster dimension [{}, {}, {}]", v.clusterDim.x, v.clusterDim.y,
-                         v.clusterDim.z);
-    }
-  }
-  if (read(CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, v)) {
-    const auto policy = static_cast<std::uint32_t>(v.clusterSchedulingPolicyPreference);
-    if (policy > graphs::kMaxClusterSchedulingPolicy) {
-      return fmt::format("cluster scheduling policy {}", policy);
-    }
-    out.cluster_scheduling = policy;
-  }
-  if (read(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, v)) {
-    const auto domain = static_cast<std::uint32_t>(v.memSyncDomain);
-    if (domain > graphs::kMaxMemSyncDomain) return fmt::format("memory sync domain {}", domain);
-    out.mem_sync_domain = domain;
-  }
-  if (read(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP, v)) {
+  if (read(CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, v))
+    out.cluster_scheduling = static_cast<std::uint32_t>(v.clusterSchedulingPolicyPreference);
+  if (read(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, v))
+    out.mem_sync_domain = static_cast<std::uint32_t>(v.memSyncDomain);
+  if (read(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP, v))
     out.mem_sync_domain_map = {v.memSyncDomainMap.default_, v.memSyncDomainMap.remote};
-  }
-  if (read(CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, v)) {
-    if (v.sharedMemCarveout > 100 && v.sharedMemCarveout != graphs::kCarveoutDefault) {
-      return fmt::format("shared memory carveout {}", v.sharedMemCarveout);
-    }
+  if (read(CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, v))
     out.carveout = v.sharedMemCarveout;
+  return out;
+}
+
+CUresult probe_kernel_node_defaults(const KernelNodeProbe& driver, CUfunction f,
+                                    const std::vector<graphs::ParamSlot>& params,
+                                    graphs::AttributeDefaults& out) {
+  if (!driver.graph_create || !driver.add_kernel_node || !driver.get_attribute ||
+      !driver.graph_destroy) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  CUgraph graph = nullptr;
+  if (CUresult r = driver.graph_create(graph); r != CUDA_SUCCESS) return r;
+  // Zero parameter values: the node is only asked about, never launched.
+  std::size_t end = 0;
+  for (const graphs::ParamSlot& slot : params)
+    end = std::max<std::size_t>(end, slot.offset + slot.size);
+  std::vector<std::uint8_t> bytes(end, 0);
+  std::vector<void*> values;
+  for (const graphs::ParamSlot& slot : params) values.push_back(bytes.data() + slot.offset);
+  CUDA_KERNEL_NODE_PARAMS p{};
+  p.func = f;
+  p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+  p.blockDimX = p.blockDimY = p.blockDimZ = 1;
+  p.kernelParams = values.empty() ? nullptr : values.data();
+  CUgraphNode node = nullptr;
+  CUresult r = driver.add_kernel_node(graph, p, node);
+  if (r == CUDA_SUCCESS) {
+    out = read_kernel_node_attributes([&](CUkernelNodeAttrID id, CUkernelNodeAttrValue& v) {
+      return driver.get_attribute(node, id, v);
+    });
+  }
+  driver.graph_destroy(graph);
+  return r;
+}
+
+// The node attributes that change how the kernel runs (CUDA 13's CU_KERNEL_NODE_ATTRIBUTE_*),
+// kept only where they differ from what this driver answers for a node of `f` that set none
+// (defaults_for): a driver may answer a carveout of 0 or a cluster of [1, 1, 1] for "not set",
+// and a record that took those for set values would have every restore set them and every
+// plain launch fall back. A value a record cannot hold makes the node unrestorable (the caller
+// records it as "other"), never silently dropped: a GEMM rebuilt without its cluster runs
+// another configuration.
+std::optional<std::string> GraphRecorder::kernel_attributes(CUgraphNode node, CUfunction f,
+                                                            KernelNode& out) {
+  auto get = [&](CUkernelNodeAttrID id, CUkernelNodeAttrValue& v) {
+    return driver_.kernel_attribute(node, id, v);
+  };
+  const graphs::AttributeDefaults raw = read_kernel_node_attributes(get);
+  const graphs::AttributeDefaults defaults = defaults_for(f, out.params);
+  if (raw.cooperative != defaults.cooperative) out.cooperative = raw.cooperative;
+  if (raw.priority != defaults.priority) out.priority = raw.priority;
+  if (raw.cluster != defaults.cluster) {
+    const bool none = raw.cluster == std::array<std::uint32_t, 3>{0, 0, 0};
+    if (!none && (raw.cluster[0] == 0 || raw.cluster[1] == 0 || raw.cluster[2] == 0)) {
+      return fmt::format("cluster dimension [{}, {}, {}]", raw.cluster[0], raw.cluster[1],
+                         raw.cluster[2]);
+    }
+    out.cluster = raw.cluster;
+  }
+  if (raw.cluster_scheduling != defaults.cluster_scheduling) {
+    if (raw.cluster_scheduling > graphs::kMaxClusterSchedulingPolicy) {
+      return fmt::format("cluster scheduling policy {}", raw.cluster_scheduling);
+    }
+    out.cluster_scheduling = raw.cluster_scheduling;
+  }
+  if (raw.mem_sync_domain != defaults.mem_sync_domain) {
+    if (raw.mem_sync_domain > graphs::kMaxMemSyncDomain)
+      return fmt::format("memory sync domain {}", raw.mem_sync_domain);
+    out.mem_sync_domain = raw.mem_sync_domain;
+  }
+  if (raw.mem_sync_domain_map != defaults.mem_sync_domain_map)
+    out.mem_sync_domain_map = raw.mem_sync_domain_map;
+  if (raw.carveout != defaults.carveout) {
+    if (raw.carveout > 100 && raw.carveout != graphs::kCarveoutDefault) {
+      return fmt::format("shared memory carveout {}", raw.carveout);
+    }
+    out.carveout = raw.carveout;
   }
   // Set, these are not in the record's model: the node is not rebuilt rather than rebuilt
   // wrong (an access policy window names addresses; a preferred cluster and device updates
   // change how the node launches).
-  if (read(CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, v) && v.accessPolicyWindow.num_bytes != 0) {
+  CUkernelNodeAttrValue v{};
+  auto read = [&](CUlaunchAttributeID id) {
+    v = {};
+    return get(id, v) == CUDA_SUCCESS;
+  };
+  if (read(CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW) && v.accessPolicyWindow.num_bytes != 0) {
     return std::string("an access policy window");
   }
-  if (read(CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION, v) &&
+  if (read(CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION) &&
       (v.preferredClusterDim.x | v.preferredClusterDim.y | v.preferredClusterDim.z) != 0) {
     return std::string("a preferred cluster dimension");
   }
-  if (read(CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE, v) &&
+  if (read(CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE) &&
       v.deviceUpdatableKernelNode.deviceUpdatable != 0) {
     return std::string("device-updatable");
   }
-  if (read(CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING, v) &&
+  if (read(CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING) &&
       v.nvlinkUtilCentricScheduling != 0) {
     return std::string("NVLink-utilization-centric scheduling");
   }
   return std::nullopt;
+}
+
+graphs::AttributeDefaults GraphRecorder::defaults_for(
+    CUfunction f, const std::vector<graphs::ParamSlot>& params) {
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = function_defaults_.find(f); it != function_defaults_.end()) return it->second;
+  }
+  // Off the lock: the probe is driver calls (a graph built and destroyed), once per function.
+  graphs::AttributeDefaults probed;
+  const CUresult r = driver_.attribute_defaults(f, params, probed);
+  std::lock_guard lock(mutex_);
+  if (r != CUDA_SUCCESS) {
+    probed = {};  // CUDA's documented defaults
+    if (!said_unprobed_ && notice_) {
+      said_unprobed_ = true;
+      notice_(fmt::format(
+          "graph recorder: the driver's kernel attribute defaults could not be probed ({}); "
+          "assuming CUDA's documented ones",
+          static_cast<int>(r)));
+    }
+  }
+  if (!record_defaults_) record_defaults_ = probed;
+  return function_defaults_.try_emplace(f, probed).first->second;
 }
 
 std::optional<std::string> GraphRecorder::kernel_identity(CUfunction f, KernelIdentity& out) {
@@ -452,6 +540,7 @@ void GraphRecorder::omit(const std::string& why) {
 graphs::GraphRecord GraphRecorder::record() const {
   std::lock_guard lock(mutex_);
   graphs::GraphRecord out;
+  out.attribute_defaults = record_defaults_.value_or(graphs::AttributeDefaults{});
   out.graphs = graphs_;
   std::sort(out.graphs.begin(), out.graphs.end(),
             [](const RecordedGraph& a, const RecordedGraph& b) { return a.index < b.index; });
@@ -497,6 +586,9 @@ void GraphRecorder::reset_after_fork() {
   omissions_.clear();
   outside_layout_ = false;
   stats_ = {};
+  function_defaults_.clear();  // the child's driver is asked again
+  record_defaults_.reset();
+  said_unprobed_ = false;
 }
 
 }  // namespace thaw::preload

@@ -71,7 +71,35 @@ class GraphDriver {
   virtual CUresult library_module(CUlibrary l, CUmodule& out) = 0;
   // cuKernelGetFunction (the kernel's function in the current context).
   virtual CUresult kernel_function(CUkernel k, CUfunction& out) = 0;
+  // The driver's attribute defaults for `f` (probe_kernel_node_defaults below, on the real
+  // driver); CUDA_ERROR_NOT_SUPPORTED when this driver cannot be asked (the recorder then
+  // assumes CUDA's documented defaults and says so).
+  virtual CUresult attribute_defaults(CUfunction /*f*/,
+                                      const std::vector<graphs::ParamSlot>& /*params*/,
+                                      graphs::AttributeDefaults& /*out*/) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
 };
+
+// A kernel node's launch attributes as the driver answers cuGraphKernelNodeGetAttribute (`get`),
+// raw: not compared with any default. A query the driver refuses (older drivers lack some) is
+// left at CUDA's documented default.
+graphs::AttributeDefaults read_kernel_node_attributes(
+    const std::function<CUresult(CUkernelNodeAttrID, CUkernelNodeAttrValue&)>& get);
+
+// The driver's defaults for function `f`: a graph with one node of `f` added without
+// attributes (grid and block 1, every parameter of `params` zero bytes; it is never
+// instantiated), its attributes read, the graph destroyed. Probed per function because a kernel
+// compiled with __cluster_dims__ reports its compile-time cluster on a node that set none.
+struct KernelNodeProbe {
+  std::function<CUresult(CUgraph&)> graph_create;
+  std::function<CUresult(CUgraph, const CUDA_KERNEL_NODE_PARAMS&, CUgraphNode&)> add_kernel_node;
+  std::function<CUresult(CUgraphNode, CUkernelNodeAttrID, CUkernelNodeAttrValue&)> get_attribute;
+  std::function<CUresult(CUgraph)> graph_destroy;
+};
+CUresult probe_kernel_node_defaults(const KernelNodeProbe& driver, CUfunction f,
+                                    const std::vector<graphs::ParamSlot>& params,
+                                    graphs::AttributeDefaults& out);
 
 struct GraphRecorderStats {
   std::uint64_t captured = 0;  // graphs seen at the end of a capture
@@ -128,9 +156,16 @@ class GraphRecorder {
  private:
   // The walk of one graph, outside the lock; the error says why it is incomplete.
   std::optional<std::string> walk(CUgraph graph, graphs::RecordedGraph& out);
-  std::optional<std::string> describe_kernel(CUgraphNode node, graphs::KernelNode& out);
-  // The launch attributes (cluster, priority, ...); the error: one a record cannot hold.
-  std::optional<std::string> kernel_attributes(CUgraphNode node, graphs::KernelNode& out);
+  std::optional<std::string> describe_kernel(CUgraphNode node, graphs::KernelNode& out,
+                                             CUfunction& function);
+  // The launch attributes (cluster, priority, ...) that differ from the driver's defaults for
+  // `f`; the error: one a record cannot hold.
+  std::optional<std::string> kernel_attributes(CUgraphNode node, CUfunction f,
+                                               graphs::KernelNode& out);
+  // The driver's defaults for `f`, probed once per function (cached); the first probed are the
+  // record's attribute_defaults.
+  graphs::AttributeDefaults defaults_for(CUfunction f,
+                                         const std::vector<graphs::ParamSlot>& params);
   std::optional<std::string> kernel_identity(CUfunction f, graphs::KernelIdentity& out);
   // The digest of the module `m` (a function's), learnt from the libraries if needed.
   std::optional<std::string> module_digest(CUmodule m);
@@ -157,6 +192,9 @@ class GraphRecorder {
   std::set<std::string> unrestorable_reasons_;      // said once each
   bool outside_layout_ = false;
   GraphRecorderStats stats_;
+  std::map<CUfunction, graphs::AttributeDefaults> function_defaults_;  // under mutex_
+  std::optional<graphs::AttributeDefaults> record_defaults_;           // the first probed
+  bool said_unprobed_ = false;  // that the defaults could not be probed (said once)
 };
 
 }  // namespace thaw::preload

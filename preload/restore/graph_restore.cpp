@@ -210,6 +210,8 @@ std::expected<GraphRestore::Plan, GraphRestoreResult> GraphRestore::plan_graph_l
   plan.graph = &g;
   if (functions != nullptr && functions->size() == g.nodes.size()) {
     plan.functions = *functions;
+    if (auto why = check_attribute_defaults(driver, g, plan.functions))
+      return std::unexpected(refuse(GraphStatus::mismatch, *why));
     return plan;
   }
   plan.functions.assign(g.nodes.size(), nullptr);
@@ -230,7 +232,56 @@ std::expected<GraphRestore::Plan, GraphRestoreResult> GraphRestore::plan_graph_l
     plan.functions[i] = *f;
     seen.emplace(std::pair<std::string_view, std::string_view>{k.module_digest, k.name}, *f);
   }
+  if (auto why = check_attribute_defaults(driver, g, plan.functions))
+    return std::unexpected(refuse(GraphStatus::mismatch, *why));
   return plan;
+}
+
+// The recorded attributes hold only values that differ from the recording driver's defaults;
+// a driver that answers other defaults would run the nodes left "not set" differently (or the
+// record's idea of "set" is not this driver's): a mismatch. The cluster is not compared: it is
+// the one default that is the function's own (a kernel compiled with __cluster_dims__ answers
+// its compile-time cluster), so two runs may probe it with different functions; a node keeps
+// its cluster whenever it differs from its own function's default.
+std::optional<std::string> GraphRestore::check_attribute_defaults(
+    GraphBuildDriver& driver, const RecordedGraph& g, const std::vector<CUfunction>& functions) {
+  if (!run_defaults_) {
+    std::size_t first = g.nodes.size();
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+      if (g.nodes[i].kernel && i < functions.size() && functions[i] != nullptr) {
+        first = i;
+        break;
+      }
+    }
+    if (first == g.nodes.size()) return std::nullopt;  // no kernel: no attribute to set
+    graphs::AttributeDefaults probed;
+    const CUresult r =
+        driver.attribute_defaults(functions[first], g.nodes[first].kernel->params, probed);
+    if (r != CUDA_SUCCESS) {
+      probed = {};  // as the recorder does when it cannot probe: CUDA's documented defaults
+      say(
+          fmt::format("graph restore: this driver's kernel attribute defaults could not be "
+                      "probed ({}); assuming CUDA's documented ones",
+                      error(r)));
+    }
+    run_defaults_ = probed;
+  }
+  graphs::AttributeDefaults recorded = fetched_->record->attribute_defaults;
+  graphs::AttributeDefaults now = *run_defaults_;
+  recorded.cluster = now.cluster = {0, 0, 0};  // see above
+  if (recorded == now) return std::nullopt;
+  auto show = [](const graphs::AttributeDefaults& d) {
+    return fmt::format(
+        "cooperative {}, priority {}, cluster scheduling {}, memory sync domain {}, map [{}, {}], "
+        "carveout {}",
+        d.cooperative, static_cast<int>(d.priority), d.cluster_scheduling, d.mem_sync_domain,
+        d.mem_sync_domain_map[0], d.mem_sync_domain_map[1], static_cast<int>(d.carveout));
+  };
+  return fmt::format(
+      "this run's driver answers other kernel attribute defaults than the recording run's (a "
+      "different driver behaves differently; record the graphs again with it): recorded {}; "
+      "now {}",
+      show(recorded), show(now));
 }
 
 // The recorded launch attributes on a rebuilt kernel node (the engine-assisted and transparent
@@ -839,6 +890,7 @@ GraphRestore::transparent_candidate(GraphBuildDriver& driver) {
     TransparentMatch m;
     m.position = pos;
     m.graph = &g;
+    m.defaults = fetched_->record->attribute_defaults;
     m.functions = std::move(plan->functions);
     m.chain = std::move(*chain);
     return m;

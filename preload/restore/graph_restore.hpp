@@ -105,6 +105,13 @@ class GraphBuildDriver {
                                    CUgraphNode& out) = 0;
   virtual CUresult set_kernel_attribute(CUgraphNode node, CUkernelNodeAttrID id,
                                         const CUkernelNodeAttrValue& value) = 0;
+  // This driver's attribute defaults for `f` (probe_kernel_node_defaults in
+  // preload/artifact/graph_recorder.hpp, on the real driver); CUDA_ERROR_NOT_SUPPORTED: CUDA's
+  // documented ones are assumed, as the recorder does.
+  virtual CUresult attribute_defaults(CUfunction, const std::vector<graphs::ParamSlot>&,
+                                      graphs::AttributeDefaults&) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   virtual CUresult add_memset_node(CUgraph graph, const CUDA_MEMSET_NODE_PARAMS& params,
                                    CUcontext ctx, CUgraphNode& out) = 0;
   virtual CUresult add_memcpy_node(CUgraph graph, const CUDA_MEMCPY3D& params, CUcontext ctx,
@@ -198,6 +205,9 @@ class GraphRestore {
     const graphs::RecordedGraph* graph = nullptr;
     std::vector<CUfunction> functions;  // per node (kernels; null otherwise)
     std::vector<std::uint32_t> chain;   // node indices, in launch order
+    // The record's attribute defaults (equal to this run's, or plan_graph_locked refused it): a
+    // launch attribute equal to one of them is "not set", as the recorder keeps it.
+    graphs::AttributeDefaults defaults;
   };
   // Why a capture is not elided: a short reason (the counters' key) and the whole line.
   struct TransparentRefusal {
@@ -284,6 +294,11 @@ class GraphRestore {
     if (env_.log) env_.log(line);
   }
   std::optional<std::string> check_pointers(const graphs::RecordedGraph& g) const;
+  // Whether this run's driver answers the record's attribute defaults (probed once, with the
+  // first kernel of the first graph planned); why not.
+  std::optional<std::string> check_attribute_defaults(GraphBuildDriver& driver,
+                                                      const graphs::RecordedGraph& g,
+                                                      const std::vector<CUfunction>& functions);
   // The function `name` of an image with `digest` this run loaded, or why not.
   std::expected<CUfunction, std::string> function(GraphBuildDriver& driver,
                                                   const std::string& digest,
@@ -298,6 +313,7 @@ class GraphRestore {
   bool fetching_ = false;  // the worker fetches the record (without the lock)
   Fetched unavailable_;    // the last answer while the identity was incomplete
   std::vector<std::string> restored_labels_;
+  std::optional<graphs::AttributeDefaults> run_defaults_;  // this run's, once probed
   // The worker's state, under mutex_.
   bool uses_abi_ = false;
   CUcontext engine_ctx_ = nullptr;  // the context of the last module image loaded

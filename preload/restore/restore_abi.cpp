@@ -161,6 +161,23 @@ class ShimGraphBuildDriver final : public restore::GraphBuildDriver {
     if (set_attribute_ == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
     return set_attribute_(node, id, &value);
   }
+  CUresult attribute_defaults(CUfunction f, const std::vector<graphs::ParamSlot>& params,
+                              graphs::AttributeDefaults& out) override {
+    if (get_attribute_ == nullptr || graph_create_ == nullptr || add_kernel_ == nullptr ||
+        graph_destroy_ == nullptr) {
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    KernelNodeProbe probe;
+    probe.graph_create = [this](CUgraph& g) { return graph_create_(&g, 0); };
+    probe.add_kernel_node = [this](CUgraph g, const CUDA_KERNEL_NODE_PARAMS& p, CUgraphNode& n) {
+      return add_kernel_(&n, g, nullptr, 0, &p);
+    };
+    probe.get_attribute = [this](CUgraphNode n, CUkernelNodeAttrID id, CUkernelNodeAttrValue& v) {
+      return get_attribute_(n, id, &v);
+    };
+    probe.graph_destroy = [this](CUgraph g) { return graph_destroy_(g); };
+    return probe_kernel_node_defaults(probe, f, params, out);
+  }
   CUresult add_memset_node(CUgraph graph, const CUDA_MEMSET_NODE_PARAMS& params, CUcontext ctx,
                            CUgraphNode& out) override {
     return add_memset_(&out, graph, nullptr, 0, &params, ctx);
@@ -208,6 +225,8 @@ class ShimGraphBuildDriver final : public restore::GraphBuildDriver {
                           const CUDA_KERNEL_NODE_PARAMS*) = kernel_node_adder();
   CUresult (*set_attribute_)(CUgraphNode, CUkernelNodeAttrID, const CUkernelNodeAttrValue*) =
       driver_fn<decltype(set_attribute_)>("cuGraphKernelNodeSetAttribute");
+  CUresult (*get_attribute_)(CUgraphNode, CUkernelNodeAttrID, CUkernelNodeAttrValue*) =
+      driver_fn<decltype(get_attribute_)>("cuGraphKernelNodeGetAttribute");
   CUresult (*add_memset_)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
                           const CUDA_MEMSET_NODE_PARAMS*,
                           CUcontext) = driver_fn<decltype(add_memset_)>("cuGraphAddMemsetNode");

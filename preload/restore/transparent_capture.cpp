@@ -235,38 +235,54 @@ CUlaunchConfig launch_config(KeptLaunch& k) {
 // or not; those a stream also gives (priority, memory-sync domain and map) are compared when the
 // launch sets them, else they are the stream's in a live capture too. An attribute the record
 // cannot hold (programmatic serialization, events, an access policy window, ...) set to other
-// than its default is not modelled: the capture goes on live.
-std::string attributes_differ(const graphs::KernelNode& n,
+// than its default is not modelled: the capture goes on live. The record keeps an attribute only
+// where it differs from the driver's defaults (`d`, this run's as the restore checked), so a
+// launch's value equal to the default is compared as "not set": a launch that asks for a
+// carveout of 0 on a driver that answers 0 for "not set" is the recorded node without one.
+std::string attributes_differ(const graphs::KernelNode& n, const graphs::AttributeDefaults& d,
                               std::span<const CUlaunchAttribute> attrs) {
-  graphs::KernelNode launch;  // the launch-only attributes at their defaults
+  const graphs::KernelNode unset;  // each attribute's "not set" value in a record
+  graphs::KernelNode launch;       // the launch-only attributes at their defaults
+  // The launch's value as the record would hold it.
+  auto as_recorded = [](auto value, auto default_value, auto unset_value) {
+    return value == default_value ? unset_value : value;
+  };
   for (const CUlaunchAttribute& a : attrs) {
     const CUlaunchAttributeValue& v = a.value;
     switch (a.id) {
       case CU_LAUNCH_ATTRIBUTE_IGNORE:
         break;
       case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
-        launch.cluster = {v.clusterDim.x, v.clusterDim.y, v.clusterDim.z};
+        launch.cluster = as_recorded(
+            std::array<std::uint32_t, 3>{v.clusterDim.x, v.clusterDim.y, v.clusterDim.z}, d.cluster,
+            unset.cluster);
         break;
       case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-        launch.cluster_scheduling = static_cast<std::uint32_t>(v.clusterSchedulingPolicyPreference);
+        launch.cluster_scheduling =
+            as_recorded(static_cast<std::uint32_t>(v.clusterSchedulingPolicyPreference),
+                        d.cluster_scheduling, unset.cluster_scheduling);
         break;
       case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
-        launch.cooperative = v.cooperative != 0 ? 1 : 0;
+        launch.cooperative =
+            as_recorded(v.cooperative != 0 ? 1u : 0u, d.cooperative, unset.cooperative);
         break;
       case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-        launch.carveout = v.sharedMemCarveout;
+        launch.carveout = as_recorded(v.sharedMemCarveout, d.carveout, unset.carveout);
         break;
       case CU_LAUNCH_ATTRIBUTE_PRIORITY:
-        if (static_cast<std::uint32_t>(v.priority) != n.priority)
+        if (as_recorded(static_cast<std::uint32_t>(v.priority), d.priority, unset.priority) !=
+            n.priority)
           return fmt::format("priority differs ({})", n.kernel.name);
         break;
       case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-        if (static_cast<std::uint32_t>(v.memSyncDomain) != n.mem_sync_domain)
+        if (as_recorded(static_cast<std::uint32_t>(v.memSyncDomain), d.mem_sync_domain,
+                        unset.mem_sync_domain) != n.mem_sync_domain)
           return fmt::format("memory sync domain differs ({})", n.kernel.name);
         break;
       case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
-        if (v.memSyncDomainMap.default_ != n.mem_sync_domain_map[0] ||
-            v.memSyncDomainMap.remote != n.mem_sync_domain_map[1])
+        if (as_recorded(std::array<std::uint32_t, 2>{v.memSyncDomainMap.default_,
+                                                     v.memSyncDomainMap.remote},
+                        d.mem_sync_domain_map, unset.mem_sync_domain_map) != n.mem_sync_domain_map)
           return fmt::format("memory sync domain map differs ({})", n.kernel.name);
         break;
       default: {
@@ -617,7 +633,7 @@ std::optional<CUresult> transparent_launch(LaunchKernelFn real, CUfunction f, un
                         graphs::to_string(recorded.type));
     } else {
       why = differs(*recorded.kernel, e.match.functions[node], k, params, extra);
-      if (why.empty()) why = attributes_differ(*recorded.kernel, {});
+      if (why.empty()) why = attributes_differ(*recorded.kernel, e.match.defaults, {});
     }
     const graphs::KernelNode* nk = recorded.kernel ? &*recorded.kernel : nullptr;
     if (why.empty()) {
@@ -668,7 +684,7 @@ std::optional<CUresult> transparent_launch_ex(LaunchKernelExFn real, const CUlau
                         graphs::to_string(recorded.type));
     } else {
       why = differs(*recorded.kernel, e.match.functions[node], k, params, extra);
-      if (why.empty()) why = attributes_differ(*recorded.kernel, k.attrs);
+      if (why.empty()) why = attributes_differ(*recorded.kernel, e.match.defaults, k.attrs);
     }
     if (why.empty()) {
       const graphs::KernelNode& n = *recorded.kernel;

@@ -35,6 +35,9 @@ class DriverGraphQueries final : public GraphDriver {
     resolve(kernel_name_, "cuKernelGetName");
     resolve(library_module_, "cuLibraryGetModule");
     resolve(kernel_function_, "cuKernelGetFunction");
+    resolve(graph_create_, "cuGraphCreate");
+    resolve(add_kernel_node_, "cuGraphAddKernelNode_v2");
+    resolve(graph_destroy_, "cuGraphDestroy");
     return get_nodes_ != nullptr && node_type_ != nullptr &&
            (kernel_params_v2_ != nullptr || kernel_params_v1_ != nullptr) &&
            func_name_ != nullptr && func_module_ != nullptr;
@@ -93,6 +96,24 @@ class DriverGraphQueries final : public GraphDriver {
     out.kernelParams = v1.kernelParams;
     out.extra = v1.extra;
     return CUDA_SUCCESS;
+  }
+
+  CUresult attribute_defaults(CUfunction f, const std::vector<graphs::ParamSlot>& params,
+                              graphs::AttributeDefaults& out) override {
+    if (graph_create_ == nullptr || add_kernel_node_ == nullptr || graph_destroy_ == nullptr ||
+        kernel_attribute_ == nullptr) {
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    KernelNodeProbe probe;
+    probe.graph_create = [this](CUgraph& g) { return graph_create_(&g, 0); };
+    probe.add_kernel_node = [this](CUgraph g, const CUDA_KERNEL_NODE_PARAMS& p, CUgraphNode& n) {
+      return add_kernel_node_(&n, g, nullptr, 0, &p);
+    };
+    probe.get_attribute = [this](CUgraphNode n, CUkernelNodeAttrID id, CUkernelNodeAttrValue& v) {
+      return kernel_attribute_(n, id, &v);
+    };
+    probe.graph_destroy = [this](CUgraph g) { return graph_destroy_(g); };
+    return probe_kernel_node_defaults(probe, f, params, out);
   }
 
   CUresult kernel_attribute(CUgraphNode node, CUkernelNodeAttrID id,
@@ -185,6 +206,10 @@ class DriverGraphQueries final : public GraphDriver {
   CUresult (*kernel_name_)(const char**, CUkernel) = nullptr;
   CUresult (*library_module_)(CUmodule*, CUlibrary) = nullptr;
   CUresult (*kernel_function_)(CUfunction*, CUkernel) = nullptr;
+  CUresult (*graph_create_)(CUgraph*, unsigned) = nullptr;
+  CUresult (*add_kernel_node_)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                               const CUDA_KERNEL_NODE_PARAMS*) = nullptr;
+  CUresult (*graph_destroy_)(CUgraph) = nullptr;
 };
 
 }  // namespace

@@ -135,6 +135,9 @@ std::vector<std::pair<std::string, GraphRecord>> seed_records() {
   g.edges = {{0, 1}, {1, 2}, {0, 3}, {2, 4}, {3, 4}, {5, 6}, {4, 7}, {6, 7}, {7, 8}};
   all.graphs.push_back(g);
   all.graphs.push_back({2, 0xffff'ffff'ffff'ffff, {kernel(digest_of(3), "k", {}, 0)}, {}});
+  // A driver that answers a carveout of 0 and a cluster of [1, 1, 1] for "not set".
+  all.attribute_defaults.carveout = 0;
+  all.attribute_defaults.cluster = {1, 1, 1};
   out.emplace_back("all_node_types", all);
 
   // A decode step's graph: a long chain of kernels, as an engine captures per layer.

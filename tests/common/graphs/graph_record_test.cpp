@@ -132,8 +132,10 @@ TEST(GraphRecord, TextFormIsTheDocumentedOne) {
   r.graphs.push_back(g);
   const std::string a64(64, 'a');
   EXPECT_EQ(graph_record_to_json(r),
-            R"({"version":3,"identity":{"engine":"e","model":"m","gpu":"g","driver":"12040"},)"
-            R"("modules":[{"digest":")" +
+            R"({"version":4,"identity":{"engine":"e","model":"m","gpu":"g","driver":"12040"},)"
+            R"("attribute_defaults":{"cooperative":0,"priority":0,"cluster":[0,0,0],)"
+            R"("cluster_scheduling":0,"mem_sync_domain":0,"mem_sync_domain_map":[0,0],)"
+            R"("carveout":4294967295},"modules":[{"digest":")" +
                 a64 +
                 R"(","bytes":10,"kind":"cubin"}],"graphs":[{"index":0,"allocation_index":7,)"
                 R"("nodes":[{"type":"kernel","kernel":{"module_digest":")" +
@@ -201,26 +203,52 @@ TEST(GraphRecordRefuses, NestingDeeperThanTheFormat) {
 
 TEST(GraphRecordRefuses, DuplicateKeys) {
   std::string text = graph_record_to_json(rich());
-  text.insert(1, R"("version":3,)");
+  text.insert(1, R"("version":4,)");
   GraphRecord out;
   EXPECT_EQ(parse_graph_record(text, out), "record: field \"version\" appears twice in one object");
 }
 
 TEST(GraphRecordRefuses, OtherVersions) {
   // Version 1 had no graph labels, version 2 no kernel launch attributes (a restore from it
-  // would drop a GEMM's cluster): their records are refused, as any other version's.
-  EXPECT_EQ(refused([](json& d) { d["version"] = 1; }),
-            "version: is 1, not 3 (the version this build reads)");
-  EXPECT_EQ(refused([](json& d) { d["version"] = 2; }),
-            "version: is 2, not 3 (the version this build reads)");
-  EXPECT_EQ(refused([](json& d) { d["version"] = 4; }),
-            "version: is 4, not 3 (the version this build reads)");
-  EXPECT_EQ(refused([](json& d) { d["version"] = "3"; }),
-            "version: is a string, not 3 (the version this build reads)");
-  EXPECT_EQ(refused([](json& d) { d["version"] = 3.0; }),
-            "version: is a number with a fraction or an exponent, not 3 (the version this build "
+  // would drop a GEMM's cluster), version 3 no driver attribute defaults (its attributes were
+  // compared with assumed ones): their records are refused, as any other version's.
+  for (int v : {1, 2, 3, 5}) {
+    EXPECT_EQ(refused([v](json& d) { d["version"] = v; }),
+              fmt::format("version: is {}, not 4 (the version this build reads)", v));
+  }
+  EXPECT_EQ(refused([](json& d) { d["version"] = "4"; }),
+            "version: is a string, not 4 (the version this build reads)");
+  EXPECT_EQ(refused([](json& d) { d["version"] = 4.0; }),
+            "version: is a number with a fraction or an exponent, not 4 (the version this build "
             "reads)");
   EXPECT_EQ(refused([](json& d) { d.erase("version"); }), "record: no field \"version\"");
+}
+
+// The driver's defaults in the header: every field there, checked as a kernel's attributes.
+TEST(GraphRecordRefuses, BadAttributeDefaults) {
+  EXPECT_EQ(refused([](json& d) { d.erase("attribute_defaults"); }),
+            "record: no field \"attribute_defaults\"");
+  EXPECT_EQ(refused([](json& d) { d["attribute_defaults"].erase("carveout"); }),
+            "attribute_defaults: no field \"carveout\"");
+  EXPECT_EQ(refused([](json& d) { d["attribute_defaults"]["extra"] = 1; }),
+            "attribute_defaults: unknown field \"extra\"");
+  EXPECT_EQ(refused([](json& d) { d["attribute_defaults"]["carveout"] = 101; }),
+            "attribute_defaults.carveout: is 101, not a percentage (0..100) or 4294967295 (the "
+            "default)");
+  EXPECT_EQ(refused([](json& d) {
+              d["attribute_defaults"]["cluster"] = json::array({1, 0, 1});
+            }),
+            "attribute_defaults.cluster: is [1, 0, 1]: all 0 (no cluster) or each at least 1");
+}
+
+TEST(GraphRecord, ProbedAttributeDefaultsRoundTrip) {
+  GraphRecord r = rich();
+  r.attribute_defaults.carveout = 0;
+  r.attribute_defaults.cluster = {1, 1, 1};
+  r.attribute_defaults.priority = static_cast<std::uint32_t>(-1);
+  const auto back = graph_record_from_json(graph_record_to_json(r));
+  ASSERT_TRUE(back) << back.error();
+  EXPECT_EQ(*back, r);
 }
 
 TEST(GraphRecordRefuses, UnknownAndMissingFields) {

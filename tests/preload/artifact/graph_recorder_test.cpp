@@ -52,6 +52,18 @@ class FakeDriver : public GraphDriver {
   std::map<CUlibrary, FakeLibrary> libraries;
   std::map<CUkernel, std::pair<std::string, CUfunction>> kernels;
   int library_module_calls = 0;
+  // What the driver answers for a node that set no attribute (nullopt: it cannot be probed),
+  // and how often each function was probed.
+  std::optional<thaw::graphs::AttributeDefaults> defaults = thaw::graphs::AttributeDefaults{};
+  std::map<CUfunction, int> probes;
+
+  CUresult attribute_defaults(CUfunction f, const std::vector<thaw::graphs::ParamSlot>&,
+                              thaw::graphs::AttributeDefaults& out) override {
+    ++probes[f];
+    if (!defaults) return CUDA_ERROR_NOT_SUPPORTED;
+    out = *defaults;
+    return CUDA_SUCCESS;
+  }
 
   CUresult graph_nodes(CUgraph g, std::vector<CUgraphNode>& out) override {
     auto it = graphs.find(g);
@@ -321,6 +333,73 @@ TEST_F(GraphRecorderTest, RecordsTheLaunchAttributesOfAClusterGemm) {
   auto back = thaw::graphs::graph_record_from_json(thaw::graphs::graph_record_to_json(full));
   ASSERT_TRUE(back) << back.error();
   EXPECT_EQ(*back, full);
+}
+
+// A driver that answers a carveout of 0 and a cluster of [1, 1, 1] for a node that set none
+// (not CUDA's -1 and [0, 0, 0]): those answers are its defaults, probed once per function, kept
+// in the record's header; only what differs from them is a node's attribute.
+TEST_F(GraphRecorderTest, AttributesAreKeptOnlyWhereTheyDifferFromTheProbedDefaults) {
+  driver_.defaults->carveout = 0;
+  driver_.defaults->cluster = {1, 1, 1};
+  const CUmodule m = driver_.add_module(7, {"plain", "carved"});
+  recorder_.module_loaded(m, image("a"));
+  const auto g = handle<CUgraph>(1);
+  const CUfunction plain = driver_.function(m, 0), carved = driver_.function(m, 1);
+  const CUgraphNode a = kernel_node(g, plain, 0x200000000000, 64);
+  const CUgraphNode b = kernel_node(g, plain, 0x200000000000, 64);
+  const CUgraphNode c = kernel_node(g, carved, 0x200000000000, 64);
+  CUkernelNodeAttrValue zero{}, ones{}, half{}, two{};
+  zero.sharedMemCarveout = 0;
+  ones.clusterDim = {1, 1, 1};
+  half.sharedMemCarveout = 50;
+  two.clusterDim = {2, 1, 1};
+  for (CUgraphNode n : {a, b}) {  // what this driver answers for "not set"
+    driver_.nodes[n].attributes[CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT] = zero;
+    driver_.nodes[n].attributes[CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION] = ones;
+  }
+  driver_.nodes[c].attributes[CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT] = half;
+  driver_.nodes[c].attributes[CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION] = two;
+  driver_.edges[g] = {{a, b}, {b, c}};
+  capture(11, g, 42);
+
+  const auto record = recorder_.record();
+  ASSERT_EQ(record.graphs.size(), 1u) << ::testing::PrintToString(recorder_.omissions());
+  EXPECT_EQ(record.attribute_defaults, *driver_.defaults);
+  const thaw::graphs::KernelNode unset;
+  for (int i : {0, 1}) {
+    const auto& k = *record.graphs[0].nodes[i].kernel;
+    EXPECT_EQ(k.carveout, unset.carveout) << i;
+    EXPECT_EQ(k.cluster, unset.cluster) << i;
+  }
+  const auto& k = *record.graphs[0].nodes[2].kernel;
+  EXPECT_EQ(k.carveout, 50u);
+  EXPECT_EQ(k.cluster, (std::array<std::uint32_t, 3>{2, 1, 1}));
+  EXPECT_EQ(driver_.probes, (std::map<CUfunction, int>{{plain, 1}, {carved, 1}}));
+  EXPECT_TRUE(notices_.empty()) << ::testing::PrintToString(notices_);
+  // The defaults go through the codec with the record.
+  auto full = record;
+  full.identity = {"engine", "model", "gpu", "13000"};
+  auto back = thaw::graphs::graph_record_from_json(thaw::graphs::graph_record_to_json(full));
+  ASSERT_TRUE(back) << back.error();
+  EXPECT_EQ(back->attribute_defaults, *driver_.defaults);
+}
+
+// A driver that cannot be probed: CUDA's documented defaults are assumed, and said once.
+TEST_F(GraphRecorderTest, ADriverThatCannotBeProbedIsAssumedToAnswerTheDocumentedDefaults) {
+  driver_.defaults.reset();
+  const CUmodule m = driver_.add_module(7, {"k"});
+  recorder_.module_loaded(m, image("a"));
+  const auto g = handle<CUgraph>(1);
+  kernel_node(g, driver_.function(m, 0), 0x200000000000, 64);
+  capture(11, g, 42);
+  const auto h = handle<CUgraph>(2);
+  kernel_node(h, driver_.function(m, 0), 0x200000000000, 64);
+  capture(12, h, 42);
+  const auto record = recorder_.record();
+  ASSERT_EQ(record.graphs.size(), 2u);
+  EXPECT_EQ(record.attribute_defaults, thaw::graphs::AttributeDefaults{});
+  ASSERT_EQ(notices_.size(), 1u);
+  EXPECT_NE(notices_[0].find("could not be probed"), std::string::npos) << notices_[0];
 }
 
 TEST_F(GraphRecorderTest, AKernelWithAnAttributeTheRecordCannotHoldIsRecordedAsOther) {

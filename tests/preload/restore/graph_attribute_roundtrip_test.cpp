@@ -28,6 +28,21 @@ using namespace thaw::preload::restore;
 
 #define ASSERT_CU(x) ASSERT_EQ((x), CUDA_SUCCESS) << #x
 
+// The probe of the driver's attribute defaults, on the emulator (as the shim's drivers do it).
+CUresult probe(CUfunction f, const std::vector<graphs::ParamSlot>& params,
+               graphs::AttributeDefaults& out) {
+  KernelNodeProbe p;
+  p.graph_create = [](CUgraph& g) { return cuGraphCreate(&g, 0); };
+  p.add_kernel_node = [](CUgraph g, const CUDA_KERNEL_NODE_PARAMS& k, CUgraphNode& n) {
+    return cuGraphAddKernelNode(&n, g, nullptr, 0, &k);
+  };
+  p.get_attribute = [](CUgraphNode n, CUkernelNodeAttrID id, CUkernelNodeAttrValue& v) {
+    return cuGraphKernelNodeGetAttribute(n, id, &v);
+  };
+  p.graph_destroy = [](CUgraph g) { return cuGraphDestroy(g); };
+  return probe_kernel_node_defaults(p, f, params, out);
+}
+
 // The recorder's queries, straight to the driver (the emulator).
 class Queries final : public GraphDriver {
  public:
@@ -89,6 +104,10 @@ class Queries final : public GraphDriver {
   CUresult kernel_function(CUkernel k, CUfunction& out) override {
     return cuKernelGetFunction(&out, k);
   }
+  CUresult attribute_defaults(CUfunction f, const std::vector<graphs::ParamSlot>& params,
+                              graphs::AttributeDefaults& out) override {
+    return probe(f, params, out);
+  }
 };
 
 // The restore's driver, straight to the driver.
@@ -127,7 +146,22 @@ class Builder final : public GraphBuildDriver {
   CUresult instantiate(CUgraph g, unsigned long long flags, CUgraphExec& out) override {
     return cuGraphInstantiateWithFlags(&out, g, flags);
   }
+  CUresult attribute_defaults(CUfunction f, const std::vector<graphs::ParamSlot>& params,
+                              graphs::AttributeDefaults& out) override {
+    return probe(f, params, out);
+  }
 };
+
+// The emulator's answers for "not set" (THAW_EMU_CARVEOUT_DEFAULT / _CLUSTER_DEFAULT; ctest runs
+// this suite a second time with a carveout of 0 and a cluster of [1, 1, 1]).
+graphs::AttributeDefaults emulated_defaults() {
+  graphs::AttributeDefaults d;
+  if (const char* v = std::getenv("THAW_EMU_CARVEOUT_DEFAULT"))
+    d.carveout = static_cast<std::uint32_t>(std::atol(v));
+  if (const char* v = std::getenv("THAW_EMU_CLUSTER_DEFAULT"); v != nullptr && v[0] == '1')
+    d.cluster = {1, 1, 1};
+  return d;
+}
 
 const std::string kDigest(64, 'c');
 
@@ -210,6 +244,15 @@ TEST_F(GraphAttributeRoundTrip, AClusterLaunchIsRecordedAndRestoredWithItsAttrib
   recorder.capture_ended(1, live, true);
   graphs::GraphRecord record = recorder.record();
   ASSERT_EQ(record.graphs.size(), 1u) << testing::PrintToString(recorder.omissions());
+  // The driver's defaults are the record's; the plain launch's node holds none of them (on a
+  // driver that answers a carveout of 0 for "not set", a carveout of 0 is not a set one).
+  EXPECT_EQ(record.attribute_defaults, emulated_defaults());
+  for (const auto& n : record.graphs[0].nodes) {
+    ASSERT_TRUE(n.kernel.has_value());
+    EXPECT_EQ(n.kernel->carveout, graphs::kCarveoutDefault);
+    if (n.kernel->cluster[0] != 2)
+      EXPECT_EQ(n.kernel->cluster, (std::array<std::uint32_t, 3>{0, 0, 0}));
+  }
   record.identity = {"engine", "model", "gpu", "13000"};
   CUgraphExec live_exec = nullptr;
   ASSERT_CU(cuGraphInstantiateWithFlags(&live_exec, live, 0));
@@ -264,6 +307,16 @@ TEST_F(GraphAttributeRoundTrip, AClusterLaunchIsRecordedAndRestoredWithItsAttrib
   const GraphRestoreResult r3 = restore_from(graphs::graph_record_to_json(four), refused);
   EXPECT_EQ(r3.status, GraphStatus::mismatch);
   EXPECT_NE(r3.why.find("the driver refused its cluster dimension"), std::string::npos) << r3.why;
+
+  // A record made where the driver answered other defaults: a mismatch that says so (this
+  // driver would run the nodes the record left "not set" otherwise).
+  graphs::GraphRecord elsewhere = record;
+  elsewhere.attribute_defaults.carveout = record.attribute_defaults.carveout == 0 ? 4294967295u : 0;
+  CUgraphExec other = nullptr;
+  const GraphRestoreResult ro = restore_from(graphs::graph_record_to_json(elsewhere), other);
+  EXPECT_EQ(ro.status, GraphStatus::mismatch);
+  EXPECT_EQ(other, nullptr);
+  EXPECT_NE(ro.why.find("other kernel attribute defaults"), std::string::npos) << ro.why;
 
   for (CUgraphExec e : {live_exec, restored, restored4}) EXPECT_EQ(cuGraphExecDestroy(e), 0);
 }

@@ -122,7 +122,8 @@ TEST_F(GraphRestoreWithThawd, SecondRunRestoresEveryGraphWithTheSameTokensAndLog
   const auto stored = artifacts("graphs");
   ASSERT_EQ(stored.size(), 1u) << first.all();
   const auto doc = nlohmann::json::parse(thaw::testing::slurp(stored[0]));
-  EXPECT_EQ(doc["version"], 3);
+  EXPECT_EQ(doc["version"], 4);
+  EXPECT_TRUE(doc["attribute_defaults"].is_object()) << doc.dump();
   ASSERT_EQ(doc["graphs"].size(), 3u);
   std::size_t recorded_nodes = 0, recorded_edges = 0;
   std::vector<std::string> labels;
