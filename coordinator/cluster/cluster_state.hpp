@@ -22,7 +22,10 @@
 // full-memory stage's node, or on every full-memory stage's for scale-up) → hand-over (the
 // standalone worker(s) are the routes; the pipeline drains, or its requests' KV migrates) →
 // stopping (no request left on the pipeline: its workers are told to stop) → consolidated.
-// Every step is decided from what nodes report, so a restarted coordinator resumes it.
+// Every step is decided from what nodes report, so a restarted coordinator resumes it (a plan
+// rebuilt in the hand-over asks stage 0's engine to drain, once a gateway has its routes). A
+// stage's worker that exits while cold-starting: the pipeline is relaunched once, then the
+// cold start fails (no route; the model's cold starts refused with the reason for a while).
 #pragma once
 
 #include <cstdint>
@@ -159,8 +162,9 @@ class ClusterState {
   // group ends scaled down (one worker) or up (one per full-memory stage).
   void on_gateway_demand(const std::string& model, const GatewayDemand& demand, double now,
                          std::vector<Outbound>& out);
-  // Requests in flight on the worker serving at `url` (gateways count them per worker). A
-  // draining pipeline is stopped once its count is 0 in a report made after the switch.
+  // Requests in flight on the worker serving at `url`. A draining pipeline is stopped once
+  // its count is 0 in a report made after the switch. (No gateway reports per-worker counts
+  // yet, so the server never calls this: drains end by the engine's answer.)
   void on_worker_in_flight(const std::string& url, std::uint32_t in_flight, double now,
                            std::vector<Outbound>& out);
   // A route table made from the current plans reached a gateway (a hello's reply or a push):
