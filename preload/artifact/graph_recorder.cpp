@@ -537,6 +537,11 @@ void GraphRecorder::omit(const std::string& why) {
   if (first && notice_) notice_("a captured CUDA graph is not recorded: " + why);
 }
 
+void GraphRecorder::adopt_defaults(const graphs::AttributeDefaults& defaults) {
+  std::lock_guard lock(mutex_);
+  if (!record_defaults_) record_defaults_ = defaults;
+}
+
 graphs::GraphRecord GraphRecorder::record() const {
   std::lock_guard lock(mutex_);
   graphs::GraphRecord out;

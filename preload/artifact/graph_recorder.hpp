@@ -140,6 +140,12 @@ class GraphRecorder {
   void capture_ended(std::uint64_t capture, CUgraph graph, bool layout_active,
                      const graphs::RecordedGraph* known = nullptr);
 
+  // A graph restored transparently from a record is kept as the record's nodes (`known`),
+  // normalized against the record's attribute defaults, which the restore checked are this
+  // run's driver's: they become this run's record's defaults unless a walk probed them first
+  // (otherwise a run that only restored would store a record claiming CUDA's documented ones).
+  void adopt_defaults(const graphs::AttributeDefaults& defaults);
+
   // What a record of this run would hold: the graphs described completely, in capture order,
   // and the modules their kernels name (the identity is left for the caller).
   graphs::GraphRecord record() const;

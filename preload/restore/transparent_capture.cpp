@@ -739,6 +739,10 @@ std::optional<TransparentEnd> transparent_capture_ending(CUstream stream) {
     return std::nullopt;
   }
   ++s.transparent;
+  // The graph is recorded as the record's nodes: with the record's defaults (the take checked
+  // they are this driver's).
+  if (GraphRecorder* recorder = runtime().graph_recorder())
+    recorder->adopt_defaults(e.match.defaults);
   counters().graphs_restored.fetch_add(1, std::memory_order_relaxed);
   debug("graph restore: recorded graph {} restored transparently ({} nodes, {})",
         e.match.graph->index, e.match.chain.size(),

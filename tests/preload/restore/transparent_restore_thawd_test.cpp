@@ -450,4 +450,55 @@ TEST_F(TransparentProbeWithThawd, ClusterLaunchesAreElidedWithTheirAttributes) {
   EXPECT_EQ(stop_thawd(), 0) << log();
 }
 
+// A driver that answers a carveout of 0 and a cluster of [1, 1, 1] for a node that set none (the
+// emulator told so), not CUDA's documented -1 and [0, 0, 0]: the recorder probes those answers,
+// keeps them in the record and records no node attribute for them, so the plain launches and the
+// cluster launch are elided as on a driver that answers the documented ones. A run whose driver
+// answers other defaults than the record's captures live and says why.
+TEST_F(TransparentProbeWithThawd, ADriverWithOtherAttributeDefaultsStillElides) {
+  const std::string other = "THAW_EMU_CARVEOUT_DEFAULT=0 THAW_EMU_CLUSTER_DEFAULT=1";
+  const Probe live =
+      probe("live_defaults", "cluster", true, "THAW_PRELOAD_TRANSPARENT_GRAPHS=0 " + other);
+  ASSERT_EQ(live.engine.exit_code, 0) << live.engine.err << live.shim_log;
+  fs::path record;
+  for (const auto& e : fs::directory_iterator(dir_.path() / "state" / "artifacts")) {
+    if (e.path().filename().string().starts_with("graphs-")) record = e.path();
+  }
+  ASSERT_FALSE(record.empty()) << live.shim_log;
+  const std::string text = thaw::testing::slurp(record);
+  const auto doc = nlohmann::json::parse(text);
+  EXPECT_EQ(doc["attribute_defaults"]["carveout"], 0) << text;
+  EXPECT_EQ(doc["attribute_defaults"]["cluster"], nlohmann::json::array({1, 1, 1})) << text;
+  std::size_t kernels = 0;
+  for (const auto& node : doc["graphs"][0]["nodes"]) {
+    if (!node.contains("kernel")) continue;
+    ++kernels;
+    EXPECT_EQ(node["kernel"]["carveout"], 4294967295u) << text;  // "not set", not 0
+    if (node["kernel"]["name"] != "axpb")
+      EXPECT_EQ(node["kernel"]["cluster"], nlohmann::json::array({0, 0, 0})) << text;
+  }
+  EXPECT_GE(kernels, 2u) << text;
+
+  const Probe restored = probe("restored_defaults", "cluster", true, other);
+  expect_parity(restored, live);
+  EXPECT_EQ(restored.summary(), "thaw: graph restore summary: captures=1 transparent=1 fallbacks=0")
+      << restored.shim_log;
+
+  // The record restored under a driver that answers the documented defaults: not this driver's
+  // record; captured live (the same results; the graphs describe apart only in what each driver
+  // answers for "no cluster"), and said why.
+  // The run that restored stored the record again, with the same defaults (not CUDA's).
+  EXPECT_EQ(nlohmann::json::parse(thaw::testing::slurp(record))["attribute_defaults"],
+            doc["attribute_defaults"]);
+  const Probe documented = probe("documented_defaults", "cluster");
+  ASSERT_EQ(documented.engine.exit_code, 0) << documented.engine.err;
+  EXPECT_EQ(documented.out["sum_a"], live.out["sum_a"]);
+  EXPECT_EQ(documented.out["sum_c"], live.out["sum_c"]);
+  EXPECT_NE(documented.summary().find("transparent=0 fallbacks=1"), std::string::npos)
+      << documented.shim_log;
+  EXPECT_NE(documented.shim_log.find("other kernel attribute defaults"), std::string::npos)
+      << documented.shim_log;
+  EXPECT_EQ(stop_thawd(), 0) << log();
+}
+
 }  // namespace
