@@ -57,8 +57,13 @@ class Node {
       : dir_(dir), id_(std::move(id)) {
     std::filesystem::create_directories(dir_);
     bus_ = std::make_unique<PrivateBus>(dir_);
-    // The worker: `refengine serve` on this node's cached copy, one stage of the pipeline.
-    std::string command = "[\"/usr/bin/env\"";
+    // The worker: `refengine serve` on this node's cached copy, one stage of the pipeline. A
+    // standalone worker ({pp_size} 1) starts 1 s late: the tiny model's consolidation could
+    // otherwise end (drained, stopped) before a test's first request reached the pipeline
+    // ("the engine is stopping"), seen 1 run in 4 on a loaded machine.
+    std::string command =
+        "[\"/bin/sh\", \"-c\", \"if [ \\\"$1\\\" = 1 ]; then sleep 1; fi; shift; exec "
+        "\\\"$@\\\"\", \"worker\", \"{pp_size}\", \"/usr/bin/env\"";
     for (const std::string& e : engine_env()) command += ", \"" + e + "\"";
     command += ", \"" REFENGINE_BIN "\", \"serve\", \"--model\", \"" +
                (dir_ / "cache" / kModel).string() +
@@ -432,8 +437,13 @@ TEST_F(PipelineWorkers, ARequestInFlightDuringTheHandOverFinishesOnThePipeline) 
   while (!answered) {
     const std::string phase = plan(id).value("phase", "");
     if (phase == "PHASE_HANDOVER") handover_seen_in_flight = true;
-    EXPECT_NE(phase, "PHASE_STOPPING") << "stopping with a request in flight";
-    EXPECT_NE(phase, "PHASE_CONSOLIDATED") << "consolidated with a request in flight";
+    if (phase == "PHASE_STOPPING" || phase == "PHASE_CONSOLIDATED") {
+      // The drain ends when the engine has finished the request, a moment before this
+      // client thread has read the answer: only a request still unanswered after that is
+      // one the pipeline was stopped under.
+      for (int i = 0; i < 20 && !answered; ++i) std::this_thread::sleep_for(50ms);
+      EXPECT_TRUE(answered) << phase << " with a request in flight";
+    }
     std::this_thread::sleep_for(50ms);
   }
   client.join();
