@@ -170,6 +170,19 @@ static inline thaw_u64 thaw_edt_next(thaw_u64 now_ns, thaw_u64 last_ns, thaw_u64
   return start + len * 1000000000ull / rate;
 }
 
+/* Receive window of a fetch socket: its class's rate times the path's round trip (the
+ * bandwidth-delay product, which keeps the fetch at that rate), never below floor (so a
+ * round trip measured short on a LAN, or a handshake faster than the path under load, still
+ * leaves a few segments in flight). A download can only have one window in flight, so this
+ * bounds what it queues upstream of the node, where thaw's ingress shaping cannot reach:
+ * an unpaced sender otherwise fills the upstream buffer up to the autotuned window (64 KB to
+ * MBs) and an inference request waits behind it. rtt in microseconds. */
+static inline thaw_u64 thaw_fetch_window_bytes(thaw_u64 rate, thaw_u64 rtt_us, thaw_u64 floor) {
+  thaw_u64 w = rtt_us > 0 && rate > 0xffffffffffffffffull / rtt_us ? 0xffffffffffffffffull
+                                                                   : rate * rtt_us / 1000000ull;
+  return w < floor ? floor : w;
+}
+
 /* Class counters as the BPF maps hold them (per CPU; user space sums). */
 struct thaw_class_counters {
   thaw_u64 bytes;

@@ -68,3 +68,14 @@ TEST(TrafficClassHeader, EdtDepartureTimes) {
   EXPECT_EQ(thaw_edt_next(10'000'000, 12'000'000, 1500, 1'500'000), 13'000'000u);
   EXPECT_EQ(thaw_edt_next(5, 0, 1500, 0), 5u);
 }
+
+TEST(TrafficClassHeader, FetchWindowIsRateTimesRoundTripAboveTheFloor) {
+  // 22.5 MB/s over a 40 ms WAN round trip: 900 KB in flight keeps the fetch at its rate.
+  EXPECT_EQ(thaw_fetch_window_bytes(22'500'000, 40'000, 8192), 900'000u);
+  // A 30 us veth round trip gives 675 B, less than a segment: the floor holds.
+  EXPECT_EQ(thaw_fetch_window_bytes(22'500'000, 30, 8192), 8192u);
+  EXPECT_EQ(thaw_fetch_window_bytes(0, 30, 8192), 8192u);
+  EXPECT_EQ(thaw_fetch_window_bytes(22'500'000, 0, 8192), 8192u);
+  // No overflow at absurd inputs: saturates instead of wrapping to a tiny window.
+  EXPECT_EQ(thaw_fetch_window_bytes(~0ull / 2, 1'000'000'000, 8192), ~0ull);
+}

@@ -42,6 +42,7 @@ std::array<SocketTags, kFetchClassCount> effective_tags(
   for (std::size_t i = 0; i < kFetchClassCount; ++i) {
     if (any_mark) out[i].so_mark = configured[i].so_mark.value_or(0);
     if (any_priority) out[i].so_priority = configured[i].so_priority.value_or(0);
+    out[i].window_rate = configured[i].window_rate;
   }
   return out;
 }
@@ -651,6 +652,14 @@ curl_socket_t FetchEngine::find_socket(int local_port, int remote_port) {
 int FetchEngine::on_request_ready(FetchPart& part, int local_port, int remote_port) {
   curl_socket_t fd = find_socket(local_port, remote_port);
   const FetchClass cls = part.request->spec.cls;
+  // Connected, the request not sent yet: the round trip is known and no body is in flight,
+  // so the class's receive window is set here (new and kept-alive connections alike).
+  if (fd != CURL_SOCKET_BAD) {
+    if (auto ok = apply_fetch_window(fd, tags_[index_of(cls)]); !ok) {
+      part.abort = permanent(FetchErrc::socket_tag, ok.error());
+      return CURL_PREREQFUNC_ABORT;
+    }
+  }
   // Opened for this attempt (several with happy eyeballs): tagged then already.
   if (std::find(part.fresh_sockets.begin(), part.fresh_sockets.end(), fd) !=
       part.fresh_sockets.end()) {

@@ -25,6 +25,10 @@ struct RateLimit {
 struct SocketTags {
   std::optional<std::uint32_t> so_mark;
   std::optional<int> so_priority;
+  // Bytes/s of the class's shaped rate: after connect the socket's receive window is clamped
+  // to this × its round trip (daemon/network/fetch_window.hpp), which bounds what the fetch
+  // queues upstream of the node. 0 leaves the window to the kernel.
+  std::uint64_t window_rate = 0;
 };
 
 struct SocketTagEvent {

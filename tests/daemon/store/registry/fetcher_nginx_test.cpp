@@ -2,14 +2,19 @@
 // connections, permanent errors, resume across an nginx restart, per-class rate limits
 // and socket tags.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <mutex>
 
 #include <fmt/format.h>
 
+#include "daemon/network/fetch_window.hpp"
 #include "daemon/store/registry/range_fetcher.hpp"
 #include "nginx_server.hpp"
 #include "test_support.hpp"
@@ -332,6 +337,59 @@ TEST_F(FetcherNginxTest, SocketsCarryTheirClassTagsAlsoWhenReused) {
     EXPECT_EQ(records[0].mark, 0x71u);
     EXPECT_EQ(records[1].mark, 0x72u);
   }
+}
+
+TEST_F(FetcherNginxTest, AClassWithAWindowRateGetsItsReceiveWindowClampedAfterConnect) {
+  auto a = add_file("a.bin", 100000, 21);
+  auto b = add_file("b.bin", 4u << 20, 22);
+  start_server();
+  RecordingSink sink;
+  sink.expect_file(0, a.size());
+  sink.expect_file(1, b.size());
+
+  struct Seen {
+    int clamp = 0;
+    std::uint32_t advmss = 0;
+  };
+  std::mutex mutex;
+  std::vector<Seen> seen;
+  FetcherConfig config;
+  config.max_connections = 1;                // the background request reuses the connection
+  config.socket_tags[1].window_rate = 1000;  // 1 KB/s x a loopback round trip: the floor
+  config.socket_tags[0].so_priority = 0;     // something to tag, so the callback runs
+  config.socket_tags[1].so_priority = 0;
+  config.on_socket_tagged = [&](const SocketTagEvent& event) {
+    Seen s;
+    socklen_t l = sizeof s.clamp;
+    ::getsockopt(event.fd, IPPROTO_TCP, TCP_WINDOW_CLAMP, &s.clamp, &l);
+    tcp_info info{};
+    l = sizeof info;
+    ::getsockopt(event.fd, IPPROTO_TCP, TCP_INFO, &info, &l);
+    s.advmss = info.tcpi_advmss;
+    std::lock_guard lock(mutex);
+    seen.push_back(s);
+  };
+  RangeFetcher fetcher(config, sink);
+  ASSERT_TRUE(fetcher.submit({whole(0, "/a.bin", a.size(), FetchClass::critical)}));
+  ASSERT_TRUE(fetcher.wait_idle(20s));
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(fetcher.submit({whole(1, "/b.bin", b.size(), FetchClass::background)}));
+  ASSERT_TRUE(fetcher.wait_idle(20s));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(sink.contents(0) == a);
+  EXPECT_TRUE(sink.contents(1) == b) << "a fetch through a clamped window must still be whole";
+  EXPECT_LT(secs, 5.0) << "4 MiB on loopback through the clamped window: a window below a "
+                          "segment stalls on the persist timer";
+  std::lock_guard lock(mutex);
+  ASSERT_GE(seen.size(), 2u);  // critical's new connection, then background's parts on it
+  // Background, on the kept-alive connection, is clamped to the floor (or three segments)
+  // after connect and before each request; critical (no window rate) was not.
+  for (std::size_t i = 1; i < seen.size(); ++i) {
+    std::uint64_t expected =
+        std::max<std::uint64_t>(network::kFetchWindowFloorBytes, 3ull * seen[i].advmss);
+    EXPECT_EQ(static_cast<std::uint64_t>(seen[i].clamp), expected) << "request " << i;
+  }
+  EXPECT_NE(seen[0].clamp, seen[1].clamp);
 }
 
 TEST_F(FetcherNginxTest, RefetchDeliversARangeAgain) {
