@@ -776,6 +776,7 @@ void GraphRestore::reset_after_fork() {
   fetched_.reset();
   fetching_ = false;
   restored_labels_.clear();
+  run_defaults_.reset();  // the child's driver is probed again
   uses_abi_ = false;
   engine_ctx_ = worker_ctx_ = nullptr;
   loads_ = 0;

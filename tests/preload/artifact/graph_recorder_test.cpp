@@ -56,10 +56,15 @@ class FakeDriver : public GraphDriver {
   // and how often each function was probed.
   std::optional<thaw::graphs::AttributeDefaults> defaults = thaw::graphs::AttributeDefaults{};
   std::map<CUfunction, int> probes;
+  std::map<CUfunction, thaw::graphs::AttributeDefaults> per_function;  // over `defaults`
 
   CUresult attribute_defaults(CUfunction f, const std::vector<thaw::graphs::ParamSlot>&,
                               thaw::graphs::AttributeDefaults& out) override {
     ++probes[f];
+    if (auto it = per_function.find(f); it != per_function.end()) {
+      out = it->second;
+      return CUDA_SUCCESS;
+    }
     if (!defaults) return CUDA_ERROR_NOT_SUPPORTED;
     out = *defaults;
     return CUDA_SUCCESS;
@@ -382,6 +387,32 @@ TEST_F(GraphRecorderTest, AttributesAreKeptOnlyWhereTheyDifferFromTheProbedDefau
   auto back = thaw::graphs::graph_record_from_json(thaw::graphs::graph_record_to_json(full));
   ASSERT_TRUE(back) << back.error();
   EXPECT_EQ(back->attribute_defaults, *driver_.defaults);
+}
+
+// A kernel compiled with __cluster_dims__(2, 1, 1) may answer its compile-time cluster on a node
+// launched without one: its own probe says so, and its nodes record no cluster (a restore
+// setting one would be refused: a compile-time cluster cannot be set at run time), while another
+// kernel's node with a cluster of 2 keeps it.
+TEST_F(GraphRecorderTest, AClusterIsComparedWithItsOwnFunctionsDefault) {
+  const CUmodule m = driver_.add_module(7, {"plain", "compiled_cluster"});
+  recorder_.module_loaded(m, image("a"));
+  const CUfunction plain = driver_.function(m, 0), compiled = driver_.function(m, 1);
+  driver_.per_function[compiled].cluster = {2, 1, 1};
+  const auto g = handle<CUgraph>(1);
+  const CUgraphNode a = kernel_node(g, plain, 0x200000000000, 64);
+  const CUgraphNode b = kernel_node(g, compiled, 0x200000000000, 64);
+  CUkernelNodeAttrValue two{};
+  two.clusterDim = {2, 1, 1};
+  driver_.nodes[a].attributes[CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION] = two;  // set at launch
+  driver_.nodes[b].attributes[CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION] = two;  // compile-time
+  driver_.edges[g] = {{a, b}};
+  capture(11, g, 42);
+  const auto record = recorder_.record();
+  ASSERT_EQ(record.graphs.size(), 1u) << ::testing::PrintToString(recorder_.omissions());
+  EXPECT_EQ(record.graphs[0].nodes[0].kernel->cluster, (std::array<std::uint32_t, 3>{2, 1, 1}));
+  EXPECT_EQ(record.graphs[0].nodes[1].kernel->cluster, (std::array<std::uint32_t, 3>{0, 0, 0}));
+  // The header's defaults are the first function's (the restore does not compare clusters).
+  EXPECT_EQ(record.attribute_defaults, thaw::graphs::AttributeDefaults{});
 }
 
 // A driver that cannot be probed: CUDA's documented defaults are assumed, and said once.

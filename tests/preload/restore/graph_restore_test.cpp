@@ -57,6 +57,16 @@ class FakeDriver : public GraphBuildDriver {
     grids.push_back(p.gridDimX);
     return add(out);
   }
+  // This run's driver's attribute defaults (nullopt: it cannot be probed); probes counted.
+  std::optional<thaw::graphs::AttributeDefaults> defaults;
+  int probes = 0;
+  CUresult attribute_defaults(CUfunction, const std::vector<thaw::graphs::ParamSlot>&,
+                              thaw::graphs::AttributeDefaults& out) override {
+    ++probes;
+    if (!defaults) return CUDA_ERROR_NOT_SUPPORTED;
+    out = *defaults;
+    return CUDA_SUCCESS;
+  }
   CUresult set_kernel_attribute(CUgraphNode node, CUkernelNodeAttrID id,
                                 const CUkernelNodeAttrValue& v) override {
     attributes.push_back({reinterpret_cast<std::uintptr_t>(node) - 1, static_cast<int>(id), v});
@@ -383,6 +393,47 @@ TEST(GraphRestore, AnAttributeTheDriverRefusesIsAMismatchSayingWhich) {
             std::string::npos)
       << r.why;
   EXPECT_EQ(d.destroyed, 1) << "the half-built graph is destroyed";
+}
+
+// The record's defaults against this run's driver's (probed once): equal, the graph is rebuilt
+// with only the recorded attributes; a cluster default alone may differ (it is the function's);
+// another carveout default is a mismatch naming both.
+TEST(GraphRestore, ARecordMadeUnderOtherAttributeDefaultsIsAMismatch) {
+  auto record = clustered();
+  record.attribute_defaults.carveout = 0;
+  record.attribute_defaults.cluster = {1, 1, 1};
+  Fixture f;
+  f.text = graph_record_to_json(record);
+  {
+    GraphRestore restore(f.env());
+    restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+    FakeDriver d;
+    d.defaults = thaw::graphs::AttributeDefaults{};
+    d.defaults->carveout = 0;
+    const auto r = restore.restore(d, "decode batch=1", 0);
+    ASSERT_EQ(r.status, GraphStatus::ok) << r.why;
+    EXPECT_EQ(d.probes, 1);
+    EXPECT_EQ(d.attributes.size(), 5u);  // node 2's, as on a driver with CUDA's defaults
+  }
+  for (std::optional<thaw::graphs::AttributeDefaults> now :
+       {std::optional(thaw::graphs::AttributeDefaults{}),
+        std::optional<thaw::graphs::AttributeDefaults>()}) {
+    GraphRestore restore(f.env());
+    restore.library_loaded(handle<CUlibrary>(0x11), kDigest);
+    FakeDriver d;
+    d.defaults = now;  // answers -1, or cannot be asked (-1 is assumed)
+    const auto r = restore.restore(d, "decode batch=1", 0);
+    EXPECT_EQ(r.status, GraphStatus::mismatch);
+    EXPECT_NE(r.why.find("other kernel attribute defaults than the recording run's"),
+              std::string::npos)
+        << r.why;
+    EXPECT_NE(r.why.find("recorded cooperative 0, priority 0, cluster scheduling 0, memory sync "
+                         "domain 0, map [0, 0], carveout 0; now "),
+              std::string::npos)
+        << r.why;
+    EXPECT_NE(r.why.find("carveout -1"), std::string::npos) << r.why;
+    EXPECT_EQ(d.created, 0) << "nothing built";
+  }
 }
 
 TEST(GraphRestore, AGraphTheDriverWillNotInstantiateIsAMismatch) {
