@@ -483,9 +483,11 @@ void ClusterState::on_migration_result(const std::string& plan_id, bool ok,
     plan.plan.set_in_flight(0);
     plan.plan.set_phase(v1::PHASE_STOPPING);
   } else {
-    // The requests stay where they are and finish on the pipeline.
+    // The requests stay where they are and finish on the pipeline: the engine is asked to
+    // drain (advance), the only one that can say when they have.
     plan.plan.set_phase_error("KV migration failed, draining instead: " + error);
     plan.plan.set_handover("drain");
+    plan.migration_started = false;
   }
   advance(plan, now, out);
 }

@@ -350,6 +350,11 @@ TEST(Consolidation, KvTransferMigratesThenStopsAndAFailedMigrationDrainsInstead)
       EXPECT_TRUE(tasks_of(out, v1::TASK_STOP_WORKER).empty());
       EXPECT_EQ(h.plan().handover(), "drain");
       EXPECT_NE(h.plan().phase_error().find("stage 1 crashed"), std::string::npos);
+      // The engine is asked to drain: nothing else says when the requests have finished.
+      const auto drains = h.state.take_migrations();
+      ASSERT_EQ(drains.size(), 1u);
+      EXPECT_TRUE(drains[0].drain);
+      EXPECT_EQ(drains[0].from_url, orders[0].from_url);
       h.state.on_worker_in_flight(orders[0].from_url, 0, 5, out);
       EXPECT_EQ(tasks_of(out, v1::TASK_STOP_WORKER).size(), 2u);
     }
