@@ -321,4 +321,22 @@ TEST_F(GraphAttributeRoundTrip, AClusterLaunchIsRecordedAndRestoredWithItsAttrib
   for (CUgraphExec e : {live_exec, restored, restored4}) EXPECT_EQ(cuGraphExecDestroy(e), 0);
 }
 
+// The emulator's knobs for other defaults refuse what no driver would answer, naming the variable
+// (a typo must not silently leave the documented defaults in place).
+TEST(EmulatedAttributeDefaults, AValueNoDriverWouldAnswerFailsCuInitNamingTheVariable) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: the driver not yet read
+  EXPECT_EXIT(
+      {
+        setenv("THAW_EMU_CARVEOUT_DEFAULT", "101", 1);
+        std::_Exit(cuInit(0) == CUDA_SUCCESS ? 1 : 0);
+      },
+      testing::ExitedWithCode(0), "THAW_EMU_CARVEOUT_DEFAULT='101'");
+  EXPECT_EXIT(
+      {
+        setenv("THAW_EMU_CLUSTER_DEFAULT", "2", 1);
+        std::_Exit(cuInit(0) == CUDA_SUCCESS ? 1 : 0);
+      },
+      testing::ExitedWithCode(0), "THAW_EMU_CLUSTER_DEFAULT='2'");
+}
+
 }  // namespace
