@@ -5,10 +5,15 @@
 #include <time.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <string_view>
 
 #include "preload/runtime/shim_config.hpp"
 #include "preload/shim/shim_state.hpp"
@@ -21,6 +26,45 @@ namespace {
 void sleep_for(std::chrono::milliseconds d) {
   timespec ts{static_cast<time_t>(d.count() / 1000), static_cast<long>(d.count() % 1000) * 1000000};
   while (::nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+// Directories known to have no cache marker in themselves or above: a miss in one of them
+// (Python's imports look up thousands of absent paths) then costs a hash, not a walk up the
+// tree. Direct-mapped 64-bit hashes in atomics: no lock a fork could leave held. A marker
+// made after a directory was remembered is not seen — thawd makes its root before engines run.
+class NoCacheDirectories {
+ public:
+  static std::uint64_t hash(std::string_view dir) {
+    std::uint64_t h = std::hash<std::string_view>{}(dir);
+    return h == 0 ? 1 : h;
+  }
+  bool known(std::uint64_t h) const {
+    return slots_[h % kSlots].load(std::memory_order_relaxed) == h;
+  }
+  void remember(std::uint64_t h) { slots_[h % kSlots].store(h, std::memory_order_relaxed); }
+
+ private:
+  static constexpr std::size_t kSlots = 1024;
+  std::array<std::atomic<std::uint64_t>, kSlots> slots_{};
+};
+
+NoCacheDirectories& no_cache_directories() {
+  static auto* d = new NoCacheDirectories();  // never destroyed: hooks run during exit
+  return *d;
+}
+
+// Whether `dir` (absolute, normalised) or a directory above it holds a cache marker.
+bool marker_at_or_above(const std::string& dir) {
+  struct stat st {};
+  std::string d = dir;
+  for (;;) {
+    if (::stat((d == "/" ? std::string("/.thaw-cache") : d + "/.thaw-cache").c_str(), &st) == 0) {
+      return true;
+    }
+    if (d == "/" || d.empty()) return false;
+    const auto slash = d.rfind('/');
+    d = slash == 0 ? "/" : d.substr(0, slash);
   }
 }
 
@@ -53,6 +97,16 @@ std::optional<ModelFilePath> pending_candidate(int dirfd, const char* path, int 
     return std::nullopt;
   }
   ReentryGuard guard;  // classify stats the ancestors: those calls go straight to libc
+  // The prefix check: an absolute path's directory, when known to be under no cache.
+  if (dirfd == AT_FDCWD && path[0] == '/') {
+    const std::string dir = std::filesystem::path(path).lexically_normal().parent_path().string();
+    const std::uint64_t h = NoCacheDirectories::hash(dir);
+    if (no_cache_directories().known(h)) return std::nullopt;
+    if (!marker_at_or_above(dir)) {
+      no_cache_directories().remember(h);
+      return std::nullopt;
+    }
+  }
   if (auto file = classify(dirfd, path)) return file;
   return model_directory(dirfd, path);
 }
