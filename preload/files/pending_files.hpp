@@ -13,7 +13,8 @@
 // its ENOENT unchanged.
 //
 // Cost for everything else: nothing on success; on ENOENT, a look for the cache marker in the
-// path's ancestors (classify) — and only within a process whose config lets the shim act.
+// directory and above it, once per directory (a directory found to have none is remembered,
+// so later misses there cost a hash).
 #pragma once
 
 #include <optional>
