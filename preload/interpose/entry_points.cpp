@@ -48,6 +48,9 @@ void* substitute(void* found) {
   if (::dladdr(found, &info) == 0 || info.dli_sname == nullptr) return found;
   HookEntry* entry = find_hook(info.dli_sname);
   if (entry == nullptr) return found;
+  // A lookup in the global scope (dlsym(RTLD_DEFAULT, …)) finds the shim's own export first:
+  // that is the hook, never the driver's function — kept as "real", the hook would call itself.
+  if (found == entry->hook) return found;
   void* expected = nullptr;
   entry->real.compare_exchange_strong(expected, found);
   counters().hooks_handed_out.fetch_add(1, std::memory_order_relaxed);
