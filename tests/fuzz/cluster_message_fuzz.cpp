@@ -205,7 +205,29 @@ class StructureMutator {
     pb::Message& m = *s.message;
     const pb::FieldDescriptor* f = s.field;
     const pb::Reflection* r = m.GetReflection();
-    if (f->is_repeated()) {  // every repeated field of cluster.proto holds messages
+    if (f->is_repeated() && f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING) {
+      // Repeated strings (a task's peers): drop one, add a mutated copy, or many (list limits).
+      const int size = r->FieldSize(m, f);
+      switch (below(3)) {
+        case 0:
+          if (size > 0) {
+            r->RemoveLast(&m, f);
+            break;
+          }
+          [[fallthrough]];
+        case 1:
+          r->AddString(&m, f, text(size > 0 ? r->GetRepeatedString(m, f, 0) : ""));
+          break;
+        default:
+          for (int i = 0; i < 70; ++i)
+            r->AddString(&m, f, size > 0 ? r->GetRepeatedString(m, f, 0) : "127.0.0.1:1");
+          break;
+      }
+      return;
+    }
+    // Other repeated scalars: none in cluster.proto today; left alone rather than misread.
+    if (f->is_repeated() && f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE) return;
+    if (f->is_repeated()) {  // the other repeated fields of cluster.proto hold messages
       const int size = r->FieldSize(m, f);
       switch (below(3)) {
         case 0:
