@@ -5,6 +5,11 @@
 // the coordinator's load windows.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <future>
 #include <zmq.hpp>
@@ -18,6 +23,23 @@
 
 namespace thaw::gateway {
 namespace {
+
+// A free loopback TCP port from the kernel's ephemeral range (bound to port 0, then released).
+int ephemeral_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
 
 using namespace std::chrono_literals;
 using testing::ChildProcess;
@@ -34,8 +56,11 @@ class GatewayCoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(node_key) << node_key.error();
     node_key_ = *node_key;
     std::ofstream(dir_.path() / "nodes.d" / "a.pub") << node_key_.public_z85 << "\n";
-    // A fixed loopback port for the nodes (the coordinator prints no bound port).
-    node_port_ = 20000 + getpid() % 20000;
+    // A loopback port for the nodes, chosen before the coordinator starts (it prints no bound
+    // port): one the kernel hands out, in the ephemeral range — never in the ranges tests give
+    // coordinators for their workers' ports (20000..32767), which a pid-derived port collided
+    // with under ctest -j2 (a pipeline test's standalone worker then could not listen).
+    node_port_ = ephemeral_loopback_port();
     frontend_ = "ipc://" + (dir_.path() / "frontend.sock").string();
     start_coordinator();
   }
