@@ -98,7 +98,9 @@ start_nginx() {
   local nginx=$1 root=$2 probe=$3 dir="$WORK/nginx" port try i
   mkdir -p "$dir"
   for ((try = 0; try < 10; try++)); do
-    port=$((20000 + RANDOM % 40000))
+    # 40000..59999: clear of the ports coordinators hand their workers (20000..32767 in the
+    # tests and the cluster box), which a demo's registry running beside them took once.
+    port=$((40000 + RANDOM % 20000))
     port_listened "$port" && continue
     write_nginx_conf "$dir" "$root" "127.0.0.1:$port"
     "$nginx" -c "$dir/nginx.conf" -g 'daemon off;' 2>>"$dir/stderr" &
