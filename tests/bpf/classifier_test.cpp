@@ -25,26 +25,32 @@ struct Packet {
   std::vector<unsigned char> bytes;
 };
 
-// Ethernet + IPv4 + TCP (no options) + payload.
+// Ethernet + IPv4 + TCP (no options) + payload. The headers are filled in aligned locals and
+// copied in: after the 14-byte Ethernet header the IPv4 header is not 4-byte aligned in the
+// buffer, and writing it through an iphdr* there is undefined behaviour (UBSan says so).
 Packet tcp4(const char* src, std::uint16_t sport, const char* dst, std::uint16_t dport,
             std::size_t payload) {
   Packet p;
   p.bytes.resize(sizeof(ethhdr) + sizeof(iphdr) + sizeof(tcphdr) + payload, 0);
-  auto* eth = reinterpret_cast<ethhdr*>(p.bytes.data());
-  eth->h_proto = htons(ETH_P_IP);
-  auto* ip = reinterpret_cast<iphdr*>(eth + 1);
-  ip->version = 4;
-  ip->ihl = 5;
-  ip->ttl = 64;
-  ip->protocol = IPPROTO_TCP;
-  ip->tot_len = htons(static_cast<std::uint16_t>(p.bytes.size() - sizeof(ethhdr)));
-  inet_pton(AF_INET, src, &ip->saddr);
-  inet_pton(AF_INET, dst, &ip->daddr);
-  auto* tcp = reinterpret_cast<tcphdr*>(ip + 1);
-  tcp->source = htons(sport);
-  tcp->dest = htons(dport);
-  tcp->doff = 5;
-  tcp->ack = 1;
+  ethhdr eth{};
+  eth.h_proto = htons(ETH_P_IP);
+  iphdr ip{};
+  ip.version = 4;
+  ip.ihl = 5;
+  ip.ttl = 64;
+  ip.protocol = IPPROTO_TCP;
+  ip.tot_len = htons(static_cast<std::uint16_t>(p.bytes.size() - sizeof(ethhdr)));
+  inet_pton(AF_INET, src, &ip.saddr);
+  inet_pton(AF_INET, dst, &ip.daddr);
+  tcphdr tcp{};
+  tcp.source = htons(sport);
+  tcp.dest = htons(dport);
+  tcp.doff = 5;
+  tcp.ack = 1;
+  unsigned char* at = p.bytes.data();
+  std::memcpy(at, &eth, sizeof eth);
+  std::memcpy(at + sizeof eth, &ip, sizeof ip);
+  std::memcpy(at + sizeof eth + sizeof ip, &tcp, sizeof tcp);
   return p;
 }
 
