@@ -2,6 +2,7 @@
 // instantiating and launching them.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 
@@ -23,6 +24,15 @@ using namespace emu;
 #undef cuGraphNodeGetDependentNodes
 
 namespace {
+
+// An enum member of a caller's union as the integer it stored (any value, valid or not).
+template <typename E>
+unsigned raw_enum(const E& e) {
+  static_assert(sizeof(E) == sizeof(unsigned));
+  unsigned raw = 0;
+  std::memcpy(&raw, &e, sizeof raw);
+  return raw;
+}
 
 using Lock = std::lock_guard<std::mutex>;
 
@@ -744,15 +754,17 @@ CUresult emu::set_launch_attribute(int id, const CUlaunchAttributeValue& v, cons
       return CUDA_SUCCESS;
     }
     case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-      if (v.clusterSchedulingPolicyPreference < CU_CLUSTER_SCHEDULING_POLICY_DEFAULT ||
-          v.clusterSchedulingPolicyPreference > CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING) {
+      // Checked as the raw value the caller stored: an out-of-range enum must be refused, and
+      // loading it as the enum type would be undefined behaviour.
+      if (raw_enum(v.clusterSchedulingPolicyPreference) >
+          CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING) {
         return CUDA_ERROR_INVALID_VALUE;
       }
       a.cluster_policy = v.clusterSchedulingPolicyPreference;
       return CUDA_SUCCESS;
     case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-      if (v.memSyncDomain != CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT &&
-          v.memSyncDomain != CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE) {
+      if (raw_enum(v.memSyncDomain) != CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT &&
+          raw_enum(v.memSyncDomain) != CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE) {
         return CUDA_ERROR_INVALID_VALUE;
       }
       a.mem_sync_domain = v.memSyncDomain;
