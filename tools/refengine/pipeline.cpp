@@ -93,9 +93,11 @@ class Reader {
   template <class T>
   std::vector<T> get_vec() {
     const auto n = get<std::uint64_t>();
+    // Counted in elements first: n * sizeof(T) of a hostile n could wrap past the check.
+    if (n > (s_.size() - at_) / sizeof(T)) need(s_.size() - at_ + 1);
     need(n * sizeof(T));
     std::vector<T> v(n);
-    std::memcpy(v.data(), s_.data() + at_, n * sizeof(T));
+    if (n != 0) std::memcpy(v.data(), s_.data() + at_, n * sizeof(T));  // data() may be null
     at_ += n * sizeof(T);
     return v;
   }
