@@ -590,7 +590,13 @@ TEST_F(GatewayHttpTest, MutatedRequestsAlwaysGetAnAnswerAndMemoryStaysBounded) {
   }
   EXPECT_EQ(answered, 1500);
   EXPECT_EQ(client_->Get("/health")->status, 200);
+#if defined(__SANITIZE_ADDRESS__)
+  // Under ASan freed memory waits in its quarantine (up to 256 MiB) before reuse: RSS says
+  // nothing about the gateway's own bound there. Checked in the default build.
+  (void)rss0;
+#else
   EXPECT_LT(rss_bytes(), rss0 + (64u << 20));
+#endif
 }
 
 TEST_F(GatewayHttpTest, LoadIsReportedEveryInterval) {
