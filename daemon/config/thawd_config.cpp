@@ -94,6 +94,18 @@ std::expected<void, ConfigError> read_path(const Section& s, std::string_view k,
   return {};
 }
 
+// coordinator.worker_preload: the shim's absolute path, or "" for workers launched without it
+// (the agent then starts a worker once its stage's fetch is done: nothing would hold its reads).
+std::expected<void, ConfigError> read_preload(const Section& s, std::string_view k,
+                                              std::filesystem::path& out) {
+  if (const toml::node* n = s.get(k);
+      n != nullptr && n->is_string() && n->value<std::string>()->empty()) {
+    out.clear();
+    return {};
+  }
+  return read_path(s, k, out);
+}
+
 std::expected<void, ConfigError> read_count(const Section& s, std::string_view k,
                                             std::uint32_t& out, std::int64_t lo, std::int64_t hi) {
   const toml::node* n = s.get(k);
@@ -364,7 +376,7 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
         read_path(coordinator, "key", c.node_key),
         read_rate(coordinator, "network", c.network_bytes_per_s),
         read_rate(coordinator, "pcie", c.pcie_bytes_per_s),
-        read_path(coordinator, "worker_preload", c.worker_preload),
+        read_preload(coordinator, "worker_preload", c.worker_preload),
         read_string(coordinator, "worker_host", c.worker_host)}) {
     if (!ok) return Fail(ok.error());
   }

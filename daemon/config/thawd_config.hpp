@@ -56,6 +56,8 @@ struct ThawdConfig {
   // This node's address for its workers' pipeline links and HTTP ports, as other nodes and
   // gateways reach it; "" : pipelines are not wired across nodes to it.
   std::string worker_host;
+  // The shim, set as each worker's LD_PRELOAD; empty: workers run without it, each launched
+  // once its stage's fetch is done (a baseline without thaw's streaming).
   std::filesystem::path worker_preload = "/usr/lib/x86_64-linux-gnu/libthaw-preload.so";
   // [network]: traffic shaping of the uplink (daemon/network/network_config.hpp)
   NetworkSettings network;

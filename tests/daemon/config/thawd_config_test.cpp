@@ -225,6 +225,25 @@ worker_preload = "/opt/thaw/libthaw-preload.so"
   EXPECT_TRUE(ipc->worker_command.empty());
 }
 
+// "" : workers without the shim (the agent launches each once its stage's fetch is done);
+// the default is the packaged shim, and any other value must still be an absolute path.
+TEST(ThawdConfig, AnEmptyWorkerPreloadMeansWorkersWithoutTheShim) {
+  auto none = parse_config("[coordinator]\nworker_preload = \"\"\n", "noshim.toml");
+  ASSERT_TRUE(none) << none.error().message;
+  EXPECT_TRUE(none->worker_preload.empty());
+  auto unset = parse_config("[coordinator]\n", "default.toml");
+  ASSERT_TRUE(unset) << unset.error().message;
+  EXPECT_EQ(unset->worker_preload, "/usr/lib/x86_64-linux-gnu/libthaw-preload.so");
+  auto relative = parse_config("[coordinator]\nworker_preload = \" \"\n", "blank.toml");
+  ASSERT_FALSE(relative);
+  EXPECT_NE(relative.error().message.find("absolute"), std::string::npos)
+      << relative.error().message;
+  auto number = parse_config("[coordinator]\nworker_preload = 0\n", "number.toml");
+  ASSERT_FALSE(number);
+  EXPECT_NE(number.error().message.find("coordinator.worker_preload"), std::string::npos)
+      << number.error().message;
+}
+
 TEST(ThawdConfig, CoordinatorErrorsNameTheKey) {
   struct Case {
     const char* text;
