@@ -100,15 +100,18 @@ std::optional<ModelFilePath> pending_candidate(int dirfd, const char* path, int 
   // The prefix check: an absolute path's directory, when known to be under no cache.
   if (dirfd == AT_FDCWD && path[0] == '/') {
     const std::string dir = std::filesystem::path(path).lexically_normal().parent_path().string();
-    const std::uint64_t h = NoCacheDirectories::hash(dir);
-    if (no_cache_directories().known(h)) return std::nullopt;
-    if (!marker_at_or_above(dir)) {
-      no_cache_directories().remember(h);
-      return std::nullopt;
-    }
+    if (outside_every_cache(dir)) return std::nullopt;
   }
   if (auto file = classify(dirfd, path)) return file;
   return model_directory(dirfd, path);
+}
+
+bool outside_every_cache(const std::string& dir) {
+  const std::uint64_t h = NoCacheDirectories::hash(dir);
+  if (no_cache_directories().known(h)) return true;
+  if (marker_at_or_above(dir)) return false;
+  no_cache_directories().remember(h);
+  return true;
 }
 
 bool wait_until_created(const ModelFilePath& where) {

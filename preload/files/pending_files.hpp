@@ -35,4 +35,9 @@ std::optional<ModelFilePath> pending_candidate(int dirfd, const char* path, int 
 // its original ENOENT. Logs once per file that it waited.
 bool wait_until_created(const ModelFilePath& where);
 
+// Whether `dir` (absolute, normalised) is known to hold no cache marker, in itself or any
+// directory above it: found so now (one stat per level) or remembered from an earlier call
+// (a hash). The cheap check every hook on a path runs before anything else.
+bool outside_every_cache(const std::string& dir);
+
 }  // namespace thaw::preload
