@@ -392,8 +392,12 @@ std::expected<v1::Plan, std::string> ClusterState::plan_cold_start(const v1::Mod
   const double slo_ttft = model.slo_ttft_s() > 0 ? model.slo_ttft_s() : kNoSlo;
   for (const auto& [id, node] : nodes_) {
     if (!node.alive || node.report.gpus_size() == 0) continue;
-    const double bandwidth =
-        node.report.network_bytes_per_s() > 0 ? node.report.network_bytes_per_s() : 16e9 / 8;
+    // A shaping node guarantees its cold starts' fetches only the critical class's share of
+    // the link (the rest is reserved for inference and the node's other traffic), so Eq. 3
+    // and b_x use that share there, not the whole link.
+    const double bandwidth = policy::cold_start_fetch_bytes_per_s(
+        node.report.network_bytes_per_s() > 0 ? node.report.network_bytes_per_s() : 16e9 / 8,
+        node.report.shapes_traffic(), config_.class_reserve);
     policy::ServerNetwork network(bandwidth, now);
     for (const v1::TaskStatus& t : node.report.tasks()) {
       if (t.task().kind() != v1::TASK_FETCH || t.state() != v1::TASK_RUNNING) continue;

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "common/proto/cluster/cluster.pb.h"
+#include "coordinator/policy/hydraserve_class_rates.hpp"
 #include "coordinator/policy/hydraserve_prediction.hpp"
 
 namespace thaw::coordinator {
@@ -80,6 +81,10 @@ struct ClusterConfig {
   // reason) for failed_cold_start_backoff_s, so gateways answer their held requests at once.
   std::uint32_t cold_start_relaunches = 1;
   double failed_cold_start_backoff_s = 10;
+  // Shares of a node's link guaranteed to inference, background and other traffic while cold
+  // starts fetch there: the ClassRates sent to shaping nodes (ClassRateDispatch), and so
+  // what placement's Eq. 3 leaves to the cold starts on a node that reports shapes_traffic.
+  policy::ClassReserve class_reserve;
 };
 
 struct Outbound {

@@ -37,4 +37,12 @@ NodeClassRates node_class_rates(double link, std::uint32_t cold_starts,
   return out;
 }
 
+double cold_start_fetch_bytes_per_s(double link, bool shaped, const ClassReserve& reserve) {
+  if (!std::isfinite(link) || link <= 0) return 0;
+  if (!shaped) return link;
+  return node_class_rates(link, 1, reserve)
+      .classes[static_cast<std::size_t>(NetClass::critical_fetch)]
+      .rate;
+}
+
 }  // namespace thaw::coordinator::policy

@@ -51,4 +51,12 @@ struct NodeClassRates {
 NodeClassRates node_class_rates(double link_bytes_per_s, std::uint32_t cold_starts,
                                 const ClassReserve& reserve = {});
 
+// The bandwidth Eq. 3/4 may count on for the cold starts' fetches on a node of link B. On a
+// node that shapes (it applies the rates above), the fetches are guaranteed the critical
+// class's B_c and no more once inference traffic takes its reserve: B_c is what the N
+// workers share (N does not change B_c). On a node that does not shape nothing reserves
+// anything for the others, and the paper's model applies: the whole B. B <= 0 gives 0.
+double cold_start_fetch_bytes_per_s(double link_bytes_per_s, bool shaped,
+                                    const ClassReserve& reserve = {});
+
 }  // namespace thaw::coordinator::policy

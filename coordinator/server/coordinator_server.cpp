@@ -38,7 +38,9 @@ std::string peer_of(zmq::message_t& frame) {  // gets() is not const in cppzmq
 }  // namespace
 
 CoordinatorServer::CoordinatorServer(ServerOptions options)
-    : options_(std::move(options)), state_(options_.cluster) {}
+    : options_(std::move(options)),
+      state_(options_.cluster),
+      class_rates_(options_.cluster.class_reserve) {}
 
 std::expected<std::unique_ptr<CoordinatorServer>, std::string> CoordinatorServer::start(
     ServerOptions options) {

@@ -63,6 +63,7 @@ v1::Register ClusterAgent::registration() const {
   r.set_node_id(config_.node_id);
   r.set_thaw_version(THAW_VERSION);
   r.set_network_bytes_per_s(static_cast<double>(config_.network_bytes_per_s));
+  r.set_shapes_traffic(config_.shapes_traffic);
   r.set_worker_host(config_.worker_host);
   *r.mutable_startup() = tasks_.startup_costs();
   for (const ModelStatus& m : service_.models()) {

@@ -38,6 +38,8 @@ struct AgentConfig {
   std::string coordinator_public_z85;
   std::uint64_t network_bytes_per_s = 0;
   std::uint64_t pcie_bytes_per_s = 0;
+  // thawd's shaper runs and applies the coordinator's ClassRates (Register.shapes_traffic).
+  bool shapes_traffic = false;
   double heartbeat_interval_s = 1.0;  // until the coordinator's Welcome says otherwise
   int liveness = 3;
   double max_backoff_s = 32;

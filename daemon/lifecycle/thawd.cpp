@@ -283,6 +283,7 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
   agent.network_bytes_per_s =
       c.network_bytes_per_s > 0 ? c.network_bytes_per_s : shaping_->link_bytes_per_s();
   agent.pcie_bytes_per_s = c.pcie_bytes_per_s;
+  agent.shapes_traffic = shaping_->enabled();
   agent.on_class_rates = [shaping = shaping_.get()](const v1::ClassRates& r) {
     CoordinatorRates rates;
     rates.link_bytes_per_s = static_cast<std::uint64_t>(r.link_bytes_per_s());

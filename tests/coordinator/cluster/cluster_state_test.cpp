@@ -364,6 +364,69 @@ TEST(ClusterState, ANodeWhoseLinkIsFullIsLeftOut) {
   EXPECT_EQ(reply.plan().placement(0).node_id(), "free");
 }
 
+// Eq. 3 with the shaped share: a node that shapes guarantees its cold starts' fetches only
+// the critical class's B_c = B less the reserves (inference 10 %, background 2 %, other 5 %:
+// 83 % of B), so a plan that fits the whole link there but not B_c is refused, or goes to a
+// node that does not shape.
+TEST(ClusterState, OnAShapingNodeEq3CountsOnlyTheCriticalClassesShare) {
+  // One node of 1 GB/s, fetching 4.2e9 bytes for another cold start. A newcomer (1 GiB, TTFT
+  // SLO 10 s) would halve its share: 0.5 GB/s × 10 s = 5e9 ≥ 4.2e9 on the whole link, but
+  // 0.415 GB/s × 10 s = 4.15e9 < 4.2e9 on the shaped share.
+  auto busy_node = [](ClusterState& state, const std::string& id, bool shapes) {
+    v1::NodeMessage r = registration(id, 20 * GiB, 1e9);
+    r.mutable_register_()->set_shapes_traffic(shapes);
+    state.on_node_message(id, r, 0);
+    v1::NodeMessage progress;
+    v1::Task* task = progress.mutable_progress()->mutable_task();
+    task->set_id("x-" + id + "/0/fetch");
+    task->set_plan_id("x-" + id);
+    task->set_kind(v1::TASK_FETCH);
+    task->mutable_model()->set_name("other");
+    task->mutable_model()->set_size_bytes(4'200'000'000);
+    task->set_stages(1);
+    progress.mutable_progress()->set_state(v1::TASK_RUNNING);
+    progress.mutable_progress()->set_bytes_total(4'200'000'000);
+    state.on_node_message(id, progress, 0);
+  };
+  auto place = [](ClusterState& state) {
+    std::vector<Outbound> out;
+    state.on_frontend_request(deploy("m", GiB, 10), 0, out);
+    return state.on_frontend_request(cold_start("m"), 0, out);
+  };
+  {
+    ClusterState state(config());
+    busy_node(state, "plain", false);
+    auto reply = place(state);
+    ASSERT_TRUE(reply.error().empty()) << reply.DebugString();
+    EXPECT_EQ(reply.plan().placement(0).node_id(), "plain");
+  }
+  {
+    ClusterState state(config());
+    busy_node(state, "shaper", true);
+    auto reply = place(state);
+    EXPECT_NE(reply.error().find("no live node"), std::string::npos) << reply.DebugString();
+  }
+  {
+    ClusterState state(config());
+    busy_node(state, "a-shaper", true);  // first in Alg. 1's order of equals
+    busy_node(state, "b-plain", false);
+    auto reply = place(state);
+    ASSERT_TRUE(reply.error().empty()) << reply.DebugString();
+    for (const v1::PlannedStage& s : reply.plan().placement()) EXPECT_EQ(s.node_id(), "b-plain");
+  }
+  {
+    // The reserves are the coordinator's (the ClassRates it sends): smaller ones leave the
+    // cold starts enough (B_c = 0.9 GB/s: 0.45 GB/s × 10 s = 4.5e9 ≥ 4.2e9).
+    ClusterConfig c = config();
+    c.class_reserve = {0.05, 0.02, 0.03};
+    ClusterState state(c);
+    busy_node(state, "shaper", true);
+    auto reply = place(state);
+    ASSERT_TRUE(reply.error().empty()) << reply.DebugString();
+    EXPECT_EQ(reply.plan().placement(0).node_id(), "shaper");
+  }
+}
+
 // Scale-down (HydraServe §6): once stage 0's full-memory worker has fetched the rest of the
 // model, the plan's node holds the whole model — and nothing is stopped for that alone: with
 // workers launched the other stages may carry requests (consolidation_test.cpp walks the

@@ -68,5 +68,16 @@ TEST(ClassRates, AnUnknownLinkGivesNothingToSet) {
   }
 }
 
+TEST(ClassRates, ColdStartFetchesCountOnTheCriticalShareOnlyWhereTheNodeShapes) {
+  EXPECT_DOUBLE_EQ(cold_start_fetch_bytes_per_s(1e9, false), 1e9);
+  // 1 - 0.10 - 0.02 - 0.05 of the link, whatever the number of cold starts.
+  EXPECT_NEAR(cold_start_fetch_bytes_per_s(1e9, true), 0.83e9, 1);
+  EXPECT_DOUBLE_EQ(cold_start_fetch_bytes_per_s(1e9, true),
+                   node_class_rates(1e9, 3).classes[1].rate);
+  EXPECT_NEAR(cold_start_fetch_bytes_per_s(1e9, true, {0.2, 0.1, 0.1}), 0.6e9, 1);
+  EXPECT_EQ(cold_start_fetch_bytes_per_s(0, true), 0);
+  EXPECT_EQ(cold_start_fetch_bytes_per_s(-1, false), 0);
+}
+
 }  // namespace
 }  // namespace thaw::coordinator::policy
