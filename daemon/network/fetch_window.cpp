@@ -32,7 +32,8 @@ std::string errno_text(const char* what, std::uint64_t value) {
 }  // namespace
 
 std::expected<FetchWindow, std::string> clamp_fetch_window(int fd, std::uint64_t rate_bytes_per_s,
-                                                           std::uint64_t floor_bytes) {
+                                                           std::uint64_t floor_bytes,
+                                                           std::uint32_t rtt_us) {
   tcp_info info{};
   socklen_t len = sizeof info;
   if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) {
@@ -41,7 +42,7 @@ std::expected<FetchWindow, std::string> clamp_fetch_window(int fd, std::uint64_t
         fmt::format("getsockopt(TCP_INFO) on a fetch socket: {}", std::strerror(err)));
   }
   FetchWindow w;
-  w.rtt_us = info.tcpi_rtt;
+  w.rtt_us = rtt_us != 0 ? rtt_us : info.tcpi_rtt;
   // Never below three segments, whatever the floor: a window under one segment stalls the
   // sender on its persist timer (loopback's 64 KB segments did, 300 KB took 10 s).
   std::uint64_t floor = std::max<std::uint64_t>(floor_bytes, 3ull * info.tcpi_advmss);
@@ -58,6 +59,119 @@ std::expected<FetchWindow, std::string> clamp_fetch_window(int fd, std::uint64_t
     w.receive_buffer = true;
   }
   return w;
+}
+
+std::uint64_t fetch_window_rate(int traffic_class, std::uint32_t live_critical,
+                                std::uint32_t live_background, const FetchWindowRates& rates) {
+  if (traffic_class == kWindowClassCritical) {
+    return live_critical == 0 ? rates.critical : rates.critical / live_critical;
+  }
+  if (traffic_class == kWindowClassBackground) {
+    // While a cold start waits, background gets what HTB guarantees it and no more: a window
+    // sized to its ceiling would keep queueing upstream, where HTB's priority cannot act.
+    std::uint64_t rate = live_critical > 0 ? rates.background_yield : rates.background;
+    return live_background == 0 ? rate : rate / live_background;
+  }
+  return 0;
+}
+
+FetchWindows::Registration& FetchWindows::Registration::operator=(Registration&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = o.owner_;
+    id_ = o.id_;
+    o.owner_ = nullptr;
+  }
+  return *this;
+}
+
+void FetchWindows::Registration::reset() {
+  if (owner_ != nullptr) owner_->remove(id_);
+  owner_ = nullptr;
+}
+
+std::uint64_t FetchWindows::rate_for_locked(int traffic_class) const {
+  std::uint32_t critical = 0, background = 0;
+  for (const auto& [id, e] : entries_) {
+    critical += e.live.traffic_class == kWindowClassCritical;
+    background += e.live.traffic_class == kWindowClassBackground;
+  }
+  return fetch_window_rate(traffic_class, critical, background, rates_);
+}
+
+std::expected<void, std::string> FetchWindows::reclamp_locked(std::uint64_t except_id) {
+  std::expected<void, std::string> result;
+  for (auto& [id, e] : entries_) {
+    if (id == except_id) continue;
+    const std::uint64_t rate = rate_for_locked(e.live.traffic_class);
+    if (rate == 0 || rate == e.rate) continue;
+    auto w = clamp_fetch_window(e.live.fd, rate, kFetchWindowFloorBytes, e.live.window.rtt_us);
+    if (!w) {
+      ++reclamp_errors_;
+      last_error_ = w.error();
+      if (result) result = std::unexpected(w.error());
+      continue;
+    }
+    e.live.window = *w;
+    e.rate = rate;
+  }
+  return result;
+}
+
+std::expected<FetchWindows::Registration, std::string> FetchWindows::add(int fd, int traffic_class,
+                                                                         std::uint32_t model) {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t id = next_id_++;
+  Entry e;
+  e.live = Live{fd, traffic_class, model, {}};
+  entries_.emplace(id, e);
+  Entry& added = entries_.at(id);
+  if (const std::uint64_t rate = rate_for_locked(traffic_class); rate != 0) {
+    auto w = clamp_fetch_window(fd, rate);
+    if (!w) {
+      entries_.erase(id);
+      return std::unexpected(w.error());
+    }
+    added.live.window = *w;
+    added.rate = rate;
+  }
+  (void)reclamp_locked(id);  // errors counted; this socket's fetch goes on
+  return Registration(this, id);
+}
+
+void FetchWindows::remove(std::uint64_t id) {
+  std::lock_guard lock(mutex_);
+  if (entries_.erase(id) == 0) return;
+  (void)reclamp_locked(0);
+}
+
+std::expected<void, std::string> FetchWindows::set_rates(const FetchWindowRates& rates) {
+  std::lock_guard lock(mutex_);
+  if (rates == rates_) return {};
+  rates_ = rates;
+  return reclamp_locked(0);
+}
+
+FetchWindowRates FetchWindows::rates() const {
+  std::lock_guard lock(mutex_);
+  return rates_;
+}
+
+std::vector<FetchWindows::Live> FetchWindows::live() const {
+  std::lock_guard lock(mutex_);
+  std::vector<Live> out;
+  for (const auto& [id, e] : entries_) out.push_back(e.live);
+  return out;
+}
+
+std::uint64_t FetchWindows::reclamp_errors() const {
+  std::lock_guard lock(mutex_);
+  return reclamp_errors_;
+}
+
+std::string FetchWindows::last_error() const {
+  std::lock_guard lock(mutex_);
+  return last_error_;
 }
 
 }  // namespace thaw::network

@@ -7,11 +7,21 @@
 // while at most about one window waits upstream. Measured in the netns test
 // (tests/network/traffic_shaper_netns_test.cpp): the autotuned window let 110–200 KB queue in
 // the emulated uplink's buffer, the clamped one about one window (3–4 KB).
+//
+// FetchWindows keeps every live fetch socket's window at its class's *current* share: the
+// critical class's rate split over its live fetches, a background fetch's window cut to its
+// class's guaranteed rate while any critical fetch is live. The store registers its sockets
+// (FetcherConfig::fetch_windows), thawd sets the rates when shaping starts and when the
+// coordinator changes them.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <expected>
+#include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace thaw::network {
 
@@ -36,7 +46,94 @@ struct FetchWindow {
 // the socket, which is what is wanted). SO_RCVBUF is left alone when the window is above
 // net.core.rmem_max (the kernel would cap it below the BDP: a WAN fetch would lose rate).
 // Call it after connect and before the request, and again when the class's rate changes.
+// `rtt_us` 0: read from TCP_INFO; else that round trip (a re-clamp reuses the one read at
+// connect, which no queue of the fetch's own had inflated yet).
 std::expected<FetchWindow, std::string> clamp_fetch_window(
-    int fd, std::uint64_t rate_bytes_per_s, std::uint64_t floor_bytes = kFetchWindowFloorBytes);
+    int fd, std::uint64_t rate_bytes_per_s, std::uint64_t floor_bytes = kFetchWindowFloorBytes,
+    std::uint32_t rtt_us = 0);
+
+// Class ids as in bpf/traffic_class.h (THAW_CLASS_CRITICAL_FETCH, THAW_CLASS_BACKGROUND_FETCH).
+inline constexpr int kWindowClassCritical = 1;
+inline constexpr int kWindowClassBackground = 2;
+
+// The rates fetch windows follow, bytes/s (0: that class's windows are left to the kernel).
+struct FetchWindowRates {
+  std::uint64_t critical = 0;    // the critical class's ceiling: what its fetches may take
+  std::uint64_t background = 0;  // the background class's ceiling, used while no critical runs
+  // The background class's guaranteed rate: its fetches' windows while a critical one runs.
+  std::uint64_t background_yield = 0;
+  bool operator==(const FetchWindowRates&) const = default;
+};
+
+// The rate one fetch socket's window is computed from: its class's rate over the class's live
+// fetch sockets; a background socket gets background_yield's share while critical ones live.
+// 0: leave the window alone.
+std::uint64_t fetch_window_rate(int traffic_class, std::uint32_t live_critical,
+                                std::uint32_t live_background, const FetchWindowRates& rates);
+
+// Live fetch sockets and their windows. Thread-safe: fetchers register and unregister from
+// their threads, thawd sets rates from another; setsockopt on a registered fd happens under
+// the lock, and a fetcher unregisters before it closes the fd.
+class FetchWindows {
+ public:
+  explicit FetchWindows(FetchWindowRates rates = {}) : rates_(rates) {}
+  FetchWindows(const FetchWindows&) = delete;
+  FetchWindows& operator=(const FetchWindows&) = delete;
+
+  // Unregisters on destruction (before the socket is closed).
+  class Registration {
+   public:
+    Registration() = default;
+    Registration(Registration&& o) noexcept : owner_(o.owner_), id_(o.id_) { o.owner_ = nullptr; }
+    Registration& operator=(Registration&& o) noexcept;
+    ~Registration() { reset(); }
+    void reset();
+    explicit operator bool() const { return owner_ != nullptr; }
+
+   private:
+    friend class FetchWindows;
+    Registration(FetchWindows* owner, std::uint64_t id) : owner_(owner), id_(id) {}
+    FetchWindows* owner_ = nullptr;
+    std::uint64_t id_ = 0;
+  };
+
+  // A connected fetch socket of `traffic_class` carrying `model` (0: none): its window is set
+  // now, and the other live sockets' windows follow the new count. An error (the socket's own
+  // setsockopt) registers nothing.
+  std::expected<Registration, std::string> add(int fd, int traffic_class, std::uint32_t model = 0);
+  // New class rates: every live socket is re-clamped. The first error, if any, is returned
+  // (the other sockets are still re-clamped).
+  std::expected<void, std::string> set_rates(const FetchWindowRates& rates);
+  FetchWindowRates rates() const;
+
+  struct Live {
+    int fd = -1;
+    int traffic_class = 0;
+    std::uint32_t model = 0;
+    FetchWindow window;  // as last set
+  };
+  std::vector<Live> live() const;
+  // Re-clamps that failed on a socket other than the one being added (e.g. closed by the
+  // peer in between): counted, the last message kept, as nobody waits on them.
+  std::uint64_t reclamp_errors() const;
+  std::string last_error() const;
+
+ private:
+  void remove(std::uint64_t id);
+  // Under mutex_: re-clamps every live socket (but except_id) whose window rate changed.
+  std::expected<void, std::string> reclamp_locked(std::uint64_t except_id);
+  std::uint64_t rate_for_locked(int traffic_class) const;
+
+  struct Entry {
+    Live live;
+    std::uint64_t rate = 0;  // the rate its window was last computed from
+  };
+  mutable std::mutex mutex_;
+  FetchWindowRates rates_;
+  std::map<std::uint64_t, Entry> entries_;
+  std::uint64_t next_id_ = 1;
+  std::uint64_t reclamp_errors_ = 0;
+  std::string last_error_;
+};
 
 }  // namespace thaw::network

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "bpf/traffic_class.h"
 #include "daemon/store/registry/content_range.hpp"
 #include "daemon/store/registry/local_copy.hpp"
 #include "daemon/store/registry/range_split.hpp"
@@ -25,6 +26,10 @@ using namespace std::chrono_literals;
 
 std::size_t index_of(FetchClass cls) {
   return static_cast<std::size_t>(cls);
+}
+
+int window_class(FetchClass cls) {
+  return cls == FetchClass::critical ? THAW_CLASS_CRITICAL_FETCH : THAW_CLASS_BACKGROUND_FETCH;
 }
 
 // A connection kept alive by one class may carry the next request of the other, so every
@@ -106,6 +111,7 @@ FetchEngine::FetchEngine(FetcherConfig config, FetchSink& sink,
   tags_ = effective_tags(config_.socket_tags);
   tagging_ = static_cast<bool>(config_.on_socket_tagged);
   for (const auto& tags : tags_) tagging_ = tagging_ || tags.so_mark || tags.so_priority;
+  tagging_ = tagging_ || config_.fetch_windows != nullptr;
   for (std::size_t i = 0; i < kFetchClassCount; ++i) {
     buckets_[i] = make_bucket(config_.rate_limits[i], now);
   }
@@ -623,6 +629,7 @@ int FetchEngine::on_socket_open(FetchPart& part, curl_socket_t fd) {
 
 int FetchEngine::on_socket_close(curl_socket_t fd) {
   live_sockets_.erase(fd);
+  window_registrations_.erase(fd);  // out of the registry before the fd number is reused
   return ::close(fd);
 }
 
@@ -654,7 +661,18 @@ int FetchEngine::on_request_ready(FetchPart& part, int local_port, int remote_po
   const FetchClass cls = part.request->spec.cls;
   // Connected, the request not sent yet: the round trip is known and no body is in flight,
   // so the class's receive window is set here (new and kept-alive connections alike).
-  if (fd != CURL_SOCKET_BAD) {
+  if (fd != CURL_SOCKET_BAD && config_.fetch_windows) {
+    // Registered anew for each request: a kept-alive connection may change class.
+    window_registrations_.erase(fd);
+    const SocketTags& tags = tags_[index_of(cls)];
+    auto registered = config_.fetch_windows->add(fd, window_class(cls),
+                                                 tags.so_mark ? thaw_mark_model(*tags.so_mark) : 0);
+    if (!registered) {
+      part.abort = permanent(FetchErrc::socket_tag, registered.error());
+      return CURL_PREREQFUNC_ABORT;
+    }
+    window_registrations_.emplace(fd, std::move(*registered));
+  } else if (fd != CURL_SOCKET_BAD) {
     if (auto ok = apply_fetch_window(fd, tags_[index_of(cls)]); !ok) {
       part.abort = permanent(FetchErrc::socket_tag, ok.error());
       return CURL_PREREQFUNC_ABORT;

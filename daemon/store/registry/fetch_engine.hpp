@@ -19,6 +19,7 @@
 #include <variant>
 #include <vector>
 
+#include "daemon/network/fetch_window.hpp"
 #include "daemon/store/registry/curl_handles.hpp"
 #include "daemon/store/registry/fetch_types.hpp"
 #include "daemon/store/registry/fetcher_config.hpp"
@@ -147,6 +148,8 @@ class FetchEngine {
   // kept-alive connection is found by its ports. Declared before multi_, whose cleanup
   // closes the last connections through on_socket_close().
   std::unordered_map<curl_socket_t, int> live_sockets_;
+  // Sockets registered with config_.fetch_windows, unregistered before libcurl closes them.
+  std::unordered_map<curl_socket_t, network::FetchWindows::Registration> window_registrations_;
   std::array<TokenBucket, kFetchClassCount> buckets_;
   CurlMulti multi_;
   CurlSlist headers_;

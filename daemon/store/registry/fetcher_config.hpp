@@ -5,11 +5,16 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "daemon/store/registry/fetch_types.hpp"
+
+namespace thaw::network {
+class FetchWindows;  // daemon/network/fetch_window.hpp
+}
 
 namespace thaw::store {
 
@@ -60,6 +65,10 @@ struct FetcherConfig {
 
   std::array<RateLimit, kFetchClassCount> rate_limits{};
   std::array<SocketTags, kFetchClassCount> socket_tags{};
+  // thawd's registry of live fetch sockets: when set, every connected socket is registered
+  // (class, and model from its so_mark) and its receive window follows its class's current
+  // share, instead of the fixed SocketTags::window_rate. Shared: it outlives the engine.
+  std::shared_ptr<network::FetchWindows> fetch_windows;
   // Called (on the fetcher thread) after a socket was tagged; tests read the options back.
   std::function<void(const SocketTagEvent&)> on_socket_tagged;
 

@@ -5,10 +5,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "bpf/traffic_class.h"
+#include "daemon/network/fetch_window.hpp"
 #include "daemon/store/fetch/model_fetch.hpp"
 #include "daemon/store/registry/socket_tagging.hpp"
 #include "fetch_test_support.hpp"
@@ -73,6 +78,58 @@ TEST(SocketClassTest, StageSocketsAreCriticalAndConsolidationSocketsBackground) 
   EXPECT_GT(critical, 0) << "the stage was not fetched at critical class";
   EXPECT_GT(background, 0) << "the consolidation was not fetched at background class";
   EXPECT_EQ(seen.front().cls, FetchClass::critical) << "the stage must come first";
+}
+
+// With thawd's FetchWindows set, every connected fetch socket is registered under its class
+// and model while it lives, its window clamped to the class's share, and unregistered when
+// libcurl closes it.
+TEST(SocketClassTest, FetchSocketsAreRegisteredWithTheirWindowsWhileTheyLive) {
+  if (!can_set_mark()) GTEST_SKIP() << "SO_MARK needs CAP_NET_ADMIN; run as root";
+  RegistryFixture fixture;
+  auto registry = fixture.registry();
+  HostCache cache = fixture.open_cache();
+  // 1 MB/s at loopback round trips: every window is the floor of 3 segments (loopback's are
+  // up to 64 KB), where an unregistered socket's would autotune to megabytes.
+  auto windows = std::make_shared<network::FetchWindows>(
+      network::FetchWindowRates{1'000'000, 1'000'000, 50'000});
+  ModelFetchOptions options;
+  options.model = kModelName;
+  options.stage = StageSpec{1, 4};
+  options.consolidate = true;
+  constexpr std::uint32_t kModelId = 0x77;
+  options.fetcher.socket_tags = shaper_socket_tags(kModelId);
+  options.fetcher.fetch_windows = windows;
+  std::atomic<bool> done{false};
+  std::mutex mutex;
+  std::set<int> classes;
+  std::set<std::uint32_t> models;
+  std::uint64_t smallest = ~0ull, largest = 0;
+  std::thread watcher([&] {
+    while (!done) {
+      for (const auto& l : windows->live()) {
+        std::lock_guard lock(mutex);
+        classes.insert(l.traffic_class);
+        models.insert(l.model);
+        smallest = std::min(smallest, l.window.bytes);
+        largest = std::max(largest, l.window.bytes);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  {
+    ModelFetch fetch(*registry, cache, options);
+    auto result = fetch.run();
+    done = true;
+    watcher.join();
+    ASSERT_TRUE(result) << result.error().message;
+  }
+  EXPECT_TRUE(windows->live().empty()) << "a closed socket stayed registered";
+  EXPECT_EQ(windows->reclamp_errors(), 0u) << windows->last_error();
+  std::lock_guard lock(mutex);
+  EXPECT_TRUE(classes.count(THAW_CLASS_CRITICAL_FETCH)) << "no critical socket was registered";
+  EXPECT_EQ(models, std::set<std::uint32_t>{kModelId});
+  EXPECT_GE(smallest, network::kFetchWindowFloorBytes) << "a socket was left unclamped";
+  EXPECT_LE(largest, 3u * (64u << 10)) << "a window was not clamped to the class's share";
 }
 
 }  // namespace
