@@ -4,13 +4,19 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
+
+#include "daemon/log/log.hpp"
 
 extern char** environ;
 
@@ -44,7 +50,111 @@ std::pair<int, std::string> run_and_wait(const std::vector<std::string>& argv) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
+// clone3's arguments as <linux/sched.h> (5.7+) lays them out; that header clashes with
+// glibc's <sched.h>, and glibc has no clone3 wrapper.
+struct CloneArgs {
+  std::uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+      set_tid_size, cgroup;
+};
+constexpr std::uint64_t kCloneIntoCgroup = 0x200000000ULL;
+
+struct SpawnFailure {
+  bool in_clone = false;  // clone3 itself failed (old kernel, no permission on the cgroup)
+  int error = 0;
+};
+
+// Starts argv (a path, as posix_spawn) as a child that is in the cgroup `cgroup_fd` from its
+// first instruction, in its own process group, with default signal mask and dispositions,
+// stdin /dev/null and stdout/stderr on log_fd. Between clone and exec the child makes only
+// async-signal-safe calls (thawd has threads); an exec failure comes back over a CLOEXEC
+// pipe, so the caller learns it as posix_spawn's callers do.
+std::expected<pid_t, SpawnFailure> spawn_into_cgroup(int cgroup_fd, char* const* argv,
+                                                     char* const* envp, int log_fd) {
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) return std::unexpected(SpawnFailure{false, errno});
+  CloneArgs args{};
+  args.flags = kCloneIntoCgroup;
+  args.exit_signal = SIGCHLD;
+  args.cgroup = static_cast<std::uint64_t>(cgroup_fd);
+  const long pid = ::syscall(SYS_clone3, &args, sizeof(args));
+  if (pid == 0) {
+    ::close(report[0]);
+    ::setpgid(0, 0);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);  // KILL/STOP: EINVAL
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    const int null_fd = ::open("/dev/null", O_RDONLY);
+    if (null_fd < 0 || ::dup2(null_fd, STDIN_FILENO) < 0 || ::dup2(log_fd, STDOUT_FILENO) < 0 ||
+        ::dup2(log_fd, STDERR_FILENO) < 0) {
+      const int e = errno;
+      (void)!::write(report[1], &e, sizeof(e));
+      ::_exit(127);
+    }
+    ::execve(argv[0], argv, envp);
+    const int e = errno;
+    (void)!::write(report[1], &e, sizeof(e));
+    ::_exit(127);
+  }
+  const int clone_errno = errno;
+  ::close(report[1]);
+  if (pid < 0) {
+    ::close(report[0]);
+    return std::unexpected(SpawnFailure{true, clone_errno});
+  }
+  int exec_errno = 0;
+  ssize_t n;
+  while ((n = ::read(report[0], &exec_errno, sizeof(exec_errno))) < 0 && errno == EINTR) {
+  }
+  ::close(report[0]);
+  if (n == sizeof(exec_errno)) {
+    int status = 0;
+    while (::waitpid(static_cast<pid_t>(pid), &status, 0) < 0 && errno == EINTR) {
+    }
+    return std::unexpected(SpawnFailure{false, exec_errno});
+  }
+  return static_cast<pid_t>(pid);
+}
+
 }  // namespace
+
+std::expected<std::filesystem::path, std::string> cgroup_v2_mount() {
+  std::ifstream mountinfo("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(mountinfo, line)) {
+    // "ID PARENT MAJ:MIN ROOT MOUNT-POINT OPTIONS [TAGS...] - FSTYPE SOURCE SUPER-OPTIONS"
+    const auto dash = line.find(" - ");
+    if (dash == std::string::npos || line.compare(dash + 3, 8, "cgroup2 ") != 0) continue;
+    std::istringstream fields(line.substr(0, dash));
+    std::string id, parent, dev, root, mount_point;
+    fields >> id >> parent >> dev >> root >> mount_point;
+    if (!mount_point.empty()) return std::filesystem::path(mount_point);
+  }
+  return std::unexpected("no cgroup v2 hierarchy is mounted");
+}
+
+std::expected<std::filesystem::path, std::string> own_cgroup_v2_dir() {
+  auto mount = cgroup_v2_mount();
+  if (!mount) return mount;
+  std::ifstream self("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(self, line)) {
+    if (line.starts_with("0::")) {
+      return *mount / std::filesystem::path(line.substr(3)).relative_path();
+    }
+  }
+  return std::unexpected("/proc/self/cgroup has no cgroup v2 (\"0::\") line");
+}
+
+std::expected<std::uint64_t, std::string> cgroup_id_of(const std::filesystem::path& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    return std::unexpected(fmt::format("{}: {}", dir.string(), std::strerror(errno)));
+  }
+  return static_cast<std::uint64_t>(st.st_ino);
+}
 
 std::vector<std::string> expand_worker_command(const std::vector<std::string>& argv,
                                                const std::map<std::string, std::string>& values) {
@@ -102,7 +212,9 @@ std::expected<void, std::string> WorkerLauncher::launch(const WorkerSpec& spec) 
     argv.insert(argv.end(), spec.argv.begin(), spec.argv.end());
     auto [rc, output] = run_and_wait(argv);
     if (rc != 0) return std::unexpected(fmt::format("systemd-run: {}", output));
-    children_[spec.unit] = Child{-1, spec.gpu, {WorkerState::running, "unit started"}};
+    Child& child = children_[spec.unit] =
+        Child{-1, spec.gpu, {WorkerState::running, "unit started"}};
+    registered_locked(spec.unit, child);
     return {};
   }
   std::error_code ec;
@@ -144,15 +256,125 @@ std::expected<void, std::string> WorkerLauncher::launch(const WorkerSpec& spec) 
   posix_spawnattr_setflags(&attr,
                            POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), env.data());
+  int rc = -1;
+  std::filesystem::path cgroup_dir;
+  if (const int cgroup_fd = make_child_cgroup_locked(spec.unit, cgroup_dir); cgroup_fd >= 0) {
+    auto spawned = spawn_into_cgroup(cgroup_fd, args.data(), env.data(), log_fd);
+    ::close(cgroup_fd);
+    if (spawned) {
+      pid = *spawned;
+      rc = 0;
+    } else if (!spawned.error().in_clone) {
+      rc = spawned.error().error;  // the exec failed: as posix_spawn would say
+    } else {
+      cgroup_unavailable_locked(fmt::format("clone3 into {}: {}", cgroup_dir.string(),
+                                            std::strerror(spawned.error().error)));
+    }
+    if (rc != 0) {
+      std::error_code ec;
+      std::filesystem::remove(cgroup_dir, ec);
+      cgroup_dir.clear();
+    }
+  }
+  if (rc < 0) rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), env.data());
   posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   ::close(log_fd);
   if (rc != 0) {
     return std::unexpected(fmt::format("cannot start {}: {}", spec.argv[0], std::strerror(rc)));
   }
-  children_[spec.unit] = Child{pid, spec.gpu, {WorkerState::running, fmt::format("pid {}", pid)}};
+  Child& child = children_[spec.unit] =
+      Child{pid, spec.gpu, {WorkerState::running, fmt::format("pid {}", pid)}};
+  if (!cgroup_dir.empty()) {
+    child.cgroup_dir = cgroup_dir;
+    registered_locked(spec.unit, child);
+  }
   return {};
+}
+
+int WorkerLauncher::make_child_cgroup_locked(const std::string& unit, std::filesystem::path& dir) {
+  if (!cgroup_parent_) {
+    auto own = own_cgroup_v2_dir();
+    cgroup_parent_ = own ? *own : std::filesystem::path();
+    if (!own) cgroup_unavailable_locked(own.error());
+  }
+  if (cgroup_parent_->empty()) return -1;
+  dir = *cgroup_parent_ / unit;
+  // Left by a thawd that died (empty once its worker is gone): made afresh, for a new id.
+  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) {
+    cgroup_unavailable_locked(
+        fmt::format("{} is still in use: {}", dir.string(), std::strerror(errno)));
+    return -1;
+  }
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    cgroup_unavailable_locked(
+        fmt::format("cannot create {}: {}", dir.string(), std::strerror(errno)));
+    return -1;
+  }
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    cgroup_unavailable_locked(fmt::format("{}: {}", dir.string(), std::strerror(errno)));
+    ::rmdir(dir.c_str());
+  }
+  return fd;
+}
+
+void WorkerLauncher::cgroup_unavailable_locked(const std::string& why) {
+  if (cgroup_warned_) return;
+  cgroup_warned_ = true;
+  log(LogLevel::notice,
+      fmt::format("workers run in thawd's own cgroup ({}): the traffic shaper knows their "
+                  "traffic by port only (network.inference_ports and the workers' ports)",
+                  why));
+}
+
+void WorkerLauncher::registered_locked(const std::string& unit, Child& child) {
+  std::filesystem::path dir = child.cgroup_dir;
+  if (dir.empty()) {
+    // A transient unit: systemd made its cgroup; ask where (relative to the v2 mount).
+    auto [rc, output] = run_and_wait(
+        {"systemctl", "show", "--property=ControlGroup", "--value", unit + ".service"});
+    while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
+    auto mount = cgroup_v2_mount();
+    if (rc != 0 || output.empty() || !mount) {
+      cgroup_unavailable_locked(fmt::format("the cgroup of {}.service is unknown: {}", unit,
+                                            mount ? output : mount.error()));
+      return;
+    }
+    dir = *mount / std::filesystem::path(output).relative_path();
+  }
+  auto id = cgroup_id_of(dir);
+  if (!id) {
+    cgroup_unavailable_locked(id.error());
+    return;
+  }
+  child.cgroup_id = *id;
+  if (hooks_.started) hooks_.started(unit, *id);
+}
+
+void WorkerLauncher::release_cgroup_locked(const std::string& unit, Child& child) {
+  if (child.cgroup_id != 0 && hooks_.ended) hooks_.ended(unit, child.cgroup_id);
+  child.cgroup_id = 0;
+  if (!child.cgroup_dir.empty()) {
+    // Empty once the worker and everything it forked are gone; a straggler keeps it (and it
+    // is retried at the unit's next launch).
+    if (::rmdir(child.cgroup_dir.c_str()) != 0 && errno != ENOENT) {
+      log(LogLevel::warning, fmt::format("worker {}: cannot remove its cgroup {}: {}", unit,
+                                         child.cgroup_dir.string(), std::strerror(errno)));
+    }
+    child.cgroup_dir.clear();
+  }
+}
+
+void WorkerLauncher::set_cgroup_hooks(WorkerCgroupHooks hooks) {
+  std::lock_guard lock(mutex_);
+  hooks_ = std::move(hooks);
+}
+
+std::uint64_t WorkerLauncher::cgroup_id(const std::string& unit) {
+  std::lock_guard lock(mutex_);
+  auto it = children_.find(unit);
+  return it == children_.end() ? 0 : it->second.cgroup_id;
 }
 
 void WorkerLauncher::reap_locked() {
@@ -164,6 +386,7 @@ void WorkerLauncher::reap_locked() {
     }
     int status = 0;
     if (::waitpid(child.pid, &status, WNOHANG) != child.pid) continue;
+    release_cgroup_locked(unit, child);
     if (WIFEXITED(status)) {
       child.status = {WEXITSTATUS(status) == 0 ? WorkerState::exited : WorkerState::failed,
                       fmt::format("exit {}", WEXITSTATUS(status))};
@@ -210,7 +433,10 @@ WorkerStatus WorkerLauncher::status(const std::string& unit) {
   if (it == children_.end()) return {};
   if (use_systemd_ && it->second.status.state == WorkerState::running) {
     auto [rc, output] = run_and_wait({"systemctl", "is-active", "--quiet", unit + ".service"});
-    if (rc != 0) it->second.status = {WorkerState::exited, "unit inactive"};
+    if (rc != 0) {
+      it->second.status = {WorkerState::exited, "unit inactive"};
+      release_cgroup_locked(unit, it->second);
+    }
   }
   return it->second.status;
 }

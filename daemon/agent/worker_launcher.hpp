@@ -7,13 +7,24 @@
 // thawd restart. Otherwise it is a supervised child of thawd in its own process group,
 // output appended to <state_dir>/workers/<unit>.log, stopped with SIGTERM (then SIGKILL
 // after 10 s) and reaped; thawd's exit stops it.
+//
+// Each worker runs in a cgroup v2 of its own, so the traffic shaper can class its packets as
+// inference by cgroup id whatever ports it uses (bpf/thaw_tc.bpf.c, cgroup_class): a
+// transient unit has one already (systemd's; thawd.service needs no Delegate= for that: it
+// only reads the unit's ControlGroup and stats the directory); a child is started straight
+// into a new child cgroup of thawd's own (clone3 CLONE_INTO_CGROUP, so not one of its
+// sockets is made outside it), removed when it has been reaped. The hooks hear each id as it
+// comes and goes. Without a writable cgroup v2 hierarchy the worker runs in thawd's cgroup,
+// the reason is logged once, and the shaper knows the engine by its ports only.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <expected>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -36,6 +47,22 @@ struct WorkerStatus {
   std::string detail;  // "exit 0", "signal 9", "unit inactive"...
 };
 
+// Told of each worker's cgroup v2 id when it starts and when it is gone (from the thread
+// that launches or polls workers, with the launcher's lock held: keep them short).
+struct WorkerCgroupHooks {
+  std::function<void(const std::string& unit, std::uint64_t cgroup_id)> started;
+  std::function<void(const std::string& unit, std::uint64_t cgroup_id)> ended;
+};
+
+// Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a
+// hybrid system).
+std::expected<std::filesystem::path, std::string> cgroup_v2_mount();
+// The cgroup v2 directory this process runs in (the cgroup2 mount in /proc/self/mountinfo
+// joined with the "0::" line of /proc/self/cgroup); an error that says why there is none.
+std::expected<std::filesystem::path, std::string> own_cgroup_v2_dir();
+// The id the kernel (bpf_skb_cgroup_id) gives the cgroup at `dir`: its inode number.
+std::expected<std::uint64_t, std::string> cgroup_id_of(const std::filesystem::path& dir);
+
 class WorkerLauncher {
  public:
   // `use_systemd`: transient units (sd_booted() decides in thawd; tests pass false).
@@ -53,6 +80,10 @@ class WorkerLauncher {
   WorkerStatus status(const std::string& unit);
   // GPUs with a running worker (for the coordinator's "shares a GPU").
   std::vector<std::uint32_t> busy_gpus();
+  // Registers where each worker's cgroup id goes (the traffic shaper); set before launching.
+  void set_cgroup_hooks(WorkerCgroupHooks hooks);
+  // The cgroup id a running worker's traffic carries; 0 when it has none of its own.
+  std::uint64_t cgroup_id(const std::string& unit);
 
   // "thaw-worker-" + the plan id and stage with anything but [A-Za-z0-9_-] replaced by '_'.
   static std::string unit_name(const std::string& plan, std::uint32_t stage);
@@ -64,13 +95,23 @@ class WorkerLauncher {
     WorkerStatus status;
     std::optional<std::chrono::steady_clock::time_point> kill_at;  // after request_stop
     bool stopping = false;  // asked to stop: dying of the signal is a clean end
+    std::uint64_t cgroup_id = 0;
+    std::filesystem::path cgroup_dir;  // a child's, removed once reaped ("" for units)
   };
   void reap_locked();
+  // A new cgroup for a child worker, opened for CLONE_INTO_CGROUP; -1 (said once) when none.
+  int make_child_cgroup_locked(const std::string& unit, std::filesystem::path& dir);
+  void registered_locked(const std::string& unit, Child& child);
+  void release_cgroup_locked(const std::string& unit, Child& child);
+  void cgroup_unavailable_locked(const std::string& why);
 
   std::filesystem::path log_dir_;
   bool use_systemd_;
   std::mutex mutex_;
   std::map<std::string, Child> children_;  // by unit
+  WorkerCgroupHooks hooks_;
+  std::optional<std::filesystem::path> cgroup_parent_;  // resolved at the first launch
+  bool cgroup_warned_ = false;
 };
 
 // Replaces {model} {key} {stage} {stages} {gpu} {plan} in every argument.

@@ -17,12 +17,21 @@ class BpfShaper final : public ShaperBackend {
     if (!status) return std::unexpected(status.error());
     return status->detail;
   }
+  std::expected<void, network::ShapingError> add_model(std::uint16_t id) override {
+    return shaper_.add_model(id);
+  }
   std::expected<void, network::ShapingError> set_class_rates(
       const std::array<network::ClassRate, network::kTrafficClassCount>& classes) override {
     return shaper_.set_class_rates(classes);
   }
   std::expected<network::ShapingCounters, network::ShapingError> counters() const override {
     return shaper_.counters();
+  }
+  std::expected<void, network::ShapingError> add_inference_cgroup(std::uint64_t id) override {
+    return shaper_.add_inference_cgroup(id);
+  }
+  std::expected<void, network::ShapingError> remove_inference_cgroup(std::uint64_t id) override {
+    return shaper_.remove_inference_cgroup(id);
   }
   void stop() override { shaper_.stop(); }
 
@@ -122,6 +131,25 @@ std::uint64_t NodeShaping::link_bytes_per_s() const {
   return resolved_.link_bytes_per_s;
 }
 
+void NodeShaping::register_model(std::uint16_t id, const std::string& name) {
+  std::lock_guard lock(mutex_);
+  if (!backend_ || id == 0) return;
+  if (auto ok = backend_->add_model(id); !ok) {
+    log(LogLevel::warning, fmt::format("traffic shaping: {}'s bytes are not counted per model: {}",
+                                       name, ok.error().message));
+    return;
+  }
+  model_names_[id] = name;
+}
+
+network::FetchWindowRates NodeShaping::fetch_window_rates() const {
+  std::lock_guard lock(mutex_);
+  const auto& c = status_.classes;
+  return {c[static_cast<std::size_t>(NetClass::critical)].ceil_bytes_per_s,
+          c[static_cast<std::size_t>(NetClass::background)].ceil_bytes_per_s,
+          c[static_cast<std::size_t>(NetClass::background)].rate_bytes_per_s};
+}
+
 NetStatus NodeShaping::status() const {
   std::lock_guard lock(mutex_);
   NetStatus out = status_;
@@ -130,6 +158,10 @@ NetStatus NodeShaping::status() const {
   if (!counters) {
     out.detail += fmt::format(" (counters unreadable: {})", counters.error().message);
     return out;
+  }
+  for (const auto& [id, name] : model_names_) {
+    auto it = counters->model_bytes.find(id);
+    out.models.push_back({id, name, it != counters->model_bytes.end() ? it->second : 0});
   }
   for (std::size_t dir = 0; dir < 2; ++dir) {
     for (std::size_t i = 0; i < kNetClassCount; ++i) {
@@ -204,6 +236,29 @@ std::expected<void, std::string> NodeShaping::apply_coordinator_rates(
                                     rates.cold_starts, rates_line(next)));
   }
   return {};
+}
+
+void NodeShaping::add_worker_cgroup(const std::string& unit, std::uint64_t cgroup_id) {
+  std::lock_guard lock(mutex_);
+  if (!backend_) return;
+  if (auto ok = backend_->add_inference_cgroup(cgroup_id); !ok) {
+    log(LogLevel::warning,
+        fmt::format("traffic shaping: worker {} (cgroup {}) not classed by its cgroup: {}; its "
+                    "traffic is inference only on network.inference_ports",
+                    unit, cgroup_id, ok.error().message));
+    return;
+  }
+  log(LogLevel::debug,
+      fmt::format("traffic shaping: worker {}'s cgroup {} is inference", unit, cgroup_id));
+}
+
+void NodeShaping::remove_worker_cgroup(const std::string& unit, std::uint64_t cgroup_id) {
+  std::lock_guard lock(mutex_);
+  if (!backend_) return;
+  if (auto ok = backend_->remove_inference_cgroup(cgroup_id); !ok) {
+    log(LogLevel::warning, fmt::format("traffic shaping: forgetting worker {}'s cgroup {}: {}",
+                                       unit, cgroup_id, ok.error().message));
+  }
 }
 
 }  // namespace thaw::daemon

@@ -516,4 +516,31 @@ std::expected<void, ShapingError> TrafficShaper::add_inference_cgroup(std::uint6
   return {};
 }
 
+std::expected<void, ShapingError> TrafficShaper::remove_inference_cgroup(std::uint64_t cgroup_id) {
+  Impl& m = *impl_;
+  if (!m.skel)
+    return std::unexpected(err(ShapingErrc::not_running, "traffic shaping is not running"));
+  if (bpf_map_delete_elem(bpf_map__fd(m.skel->maps.cgroup_class), &cgroup_id) != 0 &&
+      errno != ENOENT)
+    return std::unexpected(err(
+        ShapingErrc::bpf, fmt::format("removing cgroup {}: {}", cgroup_id, std::strerror(errno))));
+  return {};
+}
+
+std::expected<std::vector<std::uint64_t>, ShapingError> TrafficShaper::inference_cgroups() const {
+  const Impl& m = *impl_;
+  if (!m.skel)
+    return std::unexpected(err(ShapingErrc::not_running, "traffic shaping is not running"));
+  const int fd = bpf_map__fd(m.skel->maps.cgroup_class);
+  std::vector<std::uint64_t> out;
+  std::uint64_t key = 0, next = 0;
+  for (const std::uint64_t* prev = nullptr; bpf_map_get_next_key(fd, prev, &next) == 0;
+       prev = &key) {
+    key = next;
+    std::uint32_t c = 0;
+    if (bpf_map_lookup_elem(fd, &key, &c) == 0 && c == THAW_CLASS_INFERENCE) out.push_back(key);
+  }
+  return out;
+}
+
 }  // namespace thaw::network

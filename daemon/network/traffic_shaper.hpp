@@ -116,6 +116,10 @@ class TrafficShaper {
   // Inference recognition, changeable while running.
   std::expected<void, ShapingError> set_port_class(std::uint16_t port, TrafficClass c);
   std::expected<void, ShapingError> add_inference_cgroup(std::uint64_t cgroup_id);
+  // A worker's cgroup that is gone (ids are not reused; the entry would only take a slot).
+  std::expected<void, ShapingError> remove_inference_cgroup(std::uint64_t cgroup_id);
+  // The cgroup ids the classifier now counts as inference (its map, read back).
+  std::expected<std::vector<std::uint64_t>, ShapingError> inference_cgroups() const;
   // Detaches exactly what start() attached. Idempotent.
   void stop();
   ShapingStatus status() const;

@@ -51,6 +51,46 @@ WorkerSpec shell(const std::string& unit, const std::string& script, std::uint32
   return {unit, {"/bin/sh", "-c", script}, {}, gpu};
 }
 
+// Each child worker runs in a cgroup v2 of its own from its first instruction (what the
+// traffic shaper classes its packets by), reported to the hooks, and removed once reaped.
+TEST(WorkerLauncher, AChildWorkerRunsInItsOwnCgroupUntilItIsReaped) {
+  auto parent = own_cgroup_v2_dir();
+  if (!parent) GTEST_SKIP() << parent.error();
+  if (::access(parent->c_str(), W_OK) != 0) GTEST_SKIP() << parent->string() << " not writable";
+  TempDir dir;
+  const auto out = dir.path() / "cgroup.txt";
+  WorkerLauncher launcher(dir.path() / "workers", /*use_systemd=*/false);
+  std::vector<std::pair<std::string, std::uint64_t>> started, gone;
+  launcher.set_cgroup_hooks(
+      {[&](const std::string& unit, std::uint64_t id) { started.emplace_back(unit, id); },
+       [&](const std::string& unit, std::uint64_t id) { gone.emplace_back(unit, id); }});
+  const std::string unit = fmt::format("thaw-worker-cgtest-{}", getpid());
+  // The worker reads its own cgroup as its first act, then waits to be told to end.
+  ASSERT_TRUE(
+      launcher
+          .launch(shell(unit, fmt::format("cat /proc/self/cgroup > {}.tmp && mv {}.tmp {}; "
+                                          "while [ ! -e {}.end ]; do sleep 0.02; done",
+                                          out.string(), out.string(), out.string(), out.string())))
+          .has_value());
+  ASSERT_TRUE(until([&] { return std::filesystem::exists(out); }));
+  const auto cgroup_dir = *parent / unit;
+  auto id = cgroup_id_of(cgroup_dir);
+  ASSERT_TRUE(id.has_value()) << id.error();
+  ASSERT_EQ(started.size(), 1u);
+  EXPECT_EQ(started[0], std::make_pair(unit, *id));
+  EXPECT_EQ(launcher.cgroup_id(unit), *id);
+  const std::string line =
+      "0::/" + std::filesystem::relative(cgroup_dir, *cgroup_v2_mount()).string() + "\n";
+  EXPECT_NE(read_all(out).find(line), std::string::npos) << read_all(out);
+  EXPECT_TRUE(gone.empty());
+  std::ofstream(out.string() + ".end") << "";
+  ASSERT_TRUE(until([&] { return launcher.status(unit).state != WorkerState::running; }));
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0], std::make_pair(unit, *id));
+  EXPECT_EQ(launcher.cgroup_id(unit), 0u);
+  EXPECT_FALSE(std::filesystem::exists(cgroup_dir));
+}
+
 TEST(WorkerLauncher, AWorkerGetsItsEnvironmentAndStopEndsItsProcessGroup) {
   TempDir dir;
   const auto out = dir.path() / "env.txt";

@@ -21,6 +21,7 @@ struct Recorded {
   std::vector<network::ShapingSettings> started;
   std::vector<std::array<network::ClassRate, network::kTrafficClassCount>> rates;
   int stops = 0;
+  std::vector<std::uint64_t> cgroups;  // inference cgroups now registered
 };
 
 class FakeShaper : public ShaperBackend {
@@ -42,6 +43,16 @@ class FakeShaper : public ShaperBackend {
     network::ShapingCounters c;
     c.classes[1][1] = {5000, 4, 1};  // ingress, critical fetch
     return c;
+  }
+  std::expected<void, network::ShapingError> add_inference_cgroup(std::uint64_t id) override {
+    if (id == 666)
+      return std::unexpected(network::ShapingError{network::ShapingErrc::bpf, "E2BIG"});
+    r_.cgroups.push_back(id);
+    return {};
+  }
+  std::expected<void, network::ShapingError> remove_inference_cgroup(std::uint64_t id) override {
+    std::erase(r_.cgroups, id);
+    return {};
   }
   void stop() override { ++r_.stops; }
 
@@ -74,6 +85,27 @@ TEST(NodeShaping, StartsTheShaperWithTheResolvedRatesAndStopsIt) {
     EXPECT_EQ(status.rates_from, "config");
   }
   EXPECT_EQ(rec.stops, 1);
+}
+
+TEST(NodeShaping, WorkersCgroupsAreInferenceWhileTheyRun) {
+  Recorded rec;
+  auto s = NodeShaping::start(NetworkSettings{}, Probe{}, std::make_unique<FakeShaper>(rec));
+  ASSERT_TRUE(s);
+  (*s)->add_worker_cgroup("thaw-worker-p-1-0", 41);
+  (*s)->add_worker_cgroup("thaw-worker-p-1-1", 42);
+  (*s)->add_worker_cgroup("thaw-worker-p-1-2", 666);  // refused by the map: logged, no throw
+  EXPECT_EQ(rec.cgroups, (std::vector<std::uint64_t>{41, 42}));
+  (*s)->remove_worker_cgroup("thaw-worker-p-1-0", 41);
+  EXPECT_EQ(rec.cgroups, std::vector<std::uint64_t>{42});
+
+  // Without shaping there is nothing to register with.
+  Recorded off;
+  Probe probe;
+  probe.missing = "CAP_BPF";
+  auto unshaped = NodeShaping::start(NetworkSettings{}, probe, std::make_unique<FakeShaper>(off));
+  ASSERT_TRUE(unshaped);
+  (*unshaped)->add_worker_cgroup("thaw-worker-p-1-0", 41);
+  EXPECT_TRUE(off.cgroups.empty());
 }
 
 TEST(NodeShaping, WithoutCapabilitiesItRunsWithoutTheShaperAndSaysWhy) {
