@@ -4,12 +4,15 @@
 // surely looks first. Under the shim, stat/fopen/open of such a file wait for thawd to create
 // it (at its final size) and the engine loads the right bytes: the same tokens as from the
 // finished model. A file the fetch never creates is still missing (ENOENT), and is answered as
-// soon as the fetch has created every file, not when it ends.
+// soon as the fetch has created every file, not when it ends. A listing of the model directory
+// (Python's glob, os.listdir, a C program's readdir) started before thawd created its files
+// names every file the fetch creates, as the directory does once the fetch is done.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -156,6 +159,128 @@ TEST_F(PendingModelFiles, WithoutAFetchAMissingFileIsMissingAtOnce) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("No such file"), std::string::npos) << r.output;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// What an engine that finds its weights by listing does (vLLM: glob *.safetensors, then each
+// shard's safetensors header; transformers: config.json), in Debian's Python: one JSON line.
+constexpr const char* kListingEngine = R"(
+import glob, json, os, struct, sys
+d = sys.argv[1]
+shards = sorted(os.path.basename(p) for p in glob.glob(os.path.join(d, '*.safetensors')))
+tensors = 0
+for name in shards:
+    with open(os.path.join(d, name), 'rb') as f:  # as safetensors' safe_open reads the header
+        n = struct.unpack('<Q', f.read(8))[0]
+        tensors += sum(1 for k in json.loads(f.read(n)) if k != '__metadata__')
+with open(os.path.join(d, 'config.json')) as f:
+    config = json.load(f)
+print(json.dumps({'shards': shards, 'listdir': sorted(os.listdir(d)),
+                  'scandir': sorted((e.name, e.is_file()) for e in os.scandir(d)),
+                  'tensors': tensors, 'config': sorted(config)}))
+)";
+
+TEST_F(PendingModelFiles, ListingsStartedBeforeTheFilesExistNameEveryFile) {
+  start_slow_registry_and_thawd();
+  const fs::path model = dir_.path() / "cache" / "gpt-syn";
+  const auto python = [&](const std::string& env) {
+    std::vector<std::string> argv = {"/usr/bin/env"};
+    if (!env.empty()) {
+      std::istringstream in(env);
+      for (std::string kv; in >> kv;) argv.push_back(kv);
+    }
+    for (const char* a : {"/usr/bin/python3", "-c", kListingEngine}) argv.emplace_back(a);
+    argv.push_back(model.string());
+    return thaw::testing::run(argv);
+  };
+  const auto c_listing = [&](const std::string& mode) {
+    std::istringstream in(shim_env());
+    std::vector<std::string> argv = {"/usr/bin/env"};
+    for (std::string kv; in >> kv;) argv.push_back(kv);
+    argv.insert(argv.end(), {LIST_DIR_PROBE_BIN, mode, model.string()});
+    return thaw::testing::run(argv);
+  };
+
+  ASSERT_EQ(thawctl({"fetch", "--no-wait", "gpt-syn"}).exit_code, 0) << log();
+  // What makes this test mean anything: every lister starts before the directory exists.
+  ASSERT_FALSE(fs::exists(model)) << "thawd created the model directory before the listers "
+                                     "started; the registry is not slow enough";
+  auto plain = std::async(std::launch::async, [&] { return python(""); });
+  auto shimmed = std::async(std::launch::async, [&] { return python(shim_env()); });
+  std::vector<std::future<thaw::testing::ProgramResult>> c_listers;
+  for (const char* mode : {"readdir", "readdir64", "scandir"}) {
+    c_listers.push_back(
+        std::async(std::launch::async, [&, m = std::string(mode)] { return c_listing(m); }));
+  }
+  const auto early_plain = plain.get();
+  const auto listed = shimmed.get();
+  ASSERT_EQ(listed.exit_code, 0) << listed.output << shim_log();
+
+  // The fetch's end, then the directory as it stays: what every listing must have said.
+  for (int i = 0; i < 600 && fetch_running().empty(); ++i) std::this_thread::sleep_for(100ms);
+  ASSERT_FALSE(fetch_running().empty()) << "the fetch did not end within 60 s";
+  const auto finished = python("");
+  ASSERT_EQ(finished.exit_code, 0) << finished.output;
+  const auto expected = nlohmann::json::parse(program_output(finished.output));
+  const auto got = nlohmann::json::parse(program_output(listed.output));
+  EXPECT_EQ(got, expected);
+  // Every shard the registry publishes, and a listing with more than the shards (config.json,
+  // the tokenizer, the index, thaw's own .thaw directory).
+  std::vector<std::string> published;
+  for (const auto& f : thaw::store::testing::model_files(registry_->model_dir()))
+    if (f.ends_with(".safetensors")) published.push_back(f);
+  EXPECT_EQ(got["shards"].get<std::vector<std::string>>(), published);
+  EXPECT_EQ(published.size(), 18u);
+  EXPECT_GT(got["listdir"].size(), published.size() + 1);
+  EXPECT_GT(got["tensors"].get<int>(), 0);
+  // Without the shim, the same engine started at the same moment found nothing to load.
+  EXPECT_NE(early_plain.exit_code, 0) << early_plain.output;
+
+  // C programs' readdir, readdir64 and scandir, started with the Python ones.
+  const auto on_disk = c_listing("readdir");  // now, after the fetch: the reference
+  ASSERT_EQ(on_disk.exit_code, 0) << on_disk.output;
+  for (auto& f : c_listers) {
+    const auto r = f.get();
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(program_output(r.output), program_output(on_disk.output));
+  }
+  const std::string log_text = shim_log();
+  EXPECT_NE(log_text.find("is listed once thawd's fetch of gpt-syn has created every file"),
+            std::string::npos)
+      << log_text;
+}
+
+// A listing once the fetch has created its files waits for their headers at most, not for
+// the fetch's end (~9 s of tensor bytes); the fdopendir path (os.listdir of a descriptor,
+// os.fwalk) included.
+TEST_F(PendingModelFiles, ListingOnceTheFilesAreCreatedDoesNotWaitForTheFetchsEnd) {
+  start_slow_registry_and_thawd();
+  const fs::path model = dir_.path() / "cache" / "gpt-syn";
+  ASSERT_EQ(thawctl({"fetch", "--no-wait", "gpt-syn"}).exit_code, 0) << log();
+  // thawd creates every weight file at once, after the small files.
+  const auto files = thaw::store::testing::model_files(registry_->model_dir());
+  std::string last_shard;
+  for (const auto& f : files)
+    if (f.ends_with(".safetensors")) last_shard = f;
+  for (int i = 0; i < 600 && !fs::exists(model / last_shard); ++i)
+    std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(fs::exists(model / last_shard));
+  std::istringstream in(shim_env());
+  std::vector<std::string> argv = {"/usr/bin/env"};
+  for (std::string kv; in >> kv;) argv.push_back(kv);
+  argv.insert(argv.end(), {"/usr/bin/python3", "-c",
+                           "import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); "
+                           "print(sorted(os.listdir(fd)))",
+                           model.string()});
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = thaw::testing::run(argv);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(fetch_running(), "") << "the fetch ended first; the test cannot tell waiting for "
+                                    "it from not waiting";
+  EXPECT_LT(took, 3s);
+  for (const auto& f : files)
+    if (f.ends_with(".safetensors") || f == "config.json")
+      EXPECT_NE(r.output.find("'" + f + "'"), std::string::npos) << f << "\n" << r.output;
 }
 
 }  // namespace
