@@ -3,66 +3,14 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
-#include <deque>
 #include <nlohmann/json.hpp>
+
+#include "gateway/connection_pool.hpp"
 
 namespace thaw::gateway {
 namespace {
 
 using json = nlohmann::json;
-
-// httplib's own ThreadPool queues accepted connections without limit; this one blocks the
-// acceptor when `max_pending` wait, so a flood of connections waits in the kernel's listen
-// queue (bounded by its backlog) instead of in our memory.
-class BoundedPool final : public httplib::TaskQueue {
- public:
-  BoundedPool(std::size_t threads, std::size_t max_pending) : max_pending_(max_pending) {
-    for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
-  }
-  ~BoundedPool() override { shutdown(); }
-
-  void enqueue(std::function<void()> fn) override {
-    std::unique_lock lock(mutex_);
-    space_.wait(lock, [&] { return jobs_.size() < max_pending_ || shutdown_; });
-    if (shutdown_) return;  // httplib closes the listening socket before shutting us down
-    jobs_.push_back(std::move(fn));
-    ready_.notify_one();
-  }
-
-  void shutdown() override {
-    {
-      std::lock_guard lock(mutex_);
-      if (shutdown_) return;
-      shutdown_ = true;
-    }
-    ready_.notify_all();
-    space_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-
- private:
-  void work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock lock(mutex_);
-        ready_.wait(lock, [&] { return !jobs_.empty() || shutdown_; });
-        if (jobs_.empty()) return;  // shut down and drained
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-        space_.notify_one();
-      }
-      fn();
-    }
-  }
-
-  std::size_t max_pending_;
-  std::mutex mutex_;
-  std::condition_variable ready_, space_;
-  std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;
-  bool shutdown_ = false;
-};
 
 void send_error(httplib::Response& res, int status, const std::string& message,
                 const std::string& type, const std::string& code) {
@@ -151,15 +99,39 @@ GatewayServer::GatewayServer(GatewayOptions options, Router& router, ControlPlan
 std::expected<std::unique_ptr<GatewayServer>, std::string> GatewayServer::start(
     GatewayOptions options, Router& router, ControlPlane& control) {
   if (options.threads == 0) return std::unexpected("--threads must be at least 1");
+  if (options.max_connections < options.threads) {
+    return std::unexpected(fmt::format("--max-connections ({}) must be at least --threads ({})",
+                                       options.max_connections, options.threads));
+  }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return std::unexpected("give both --tls-cert and --tls-key, or neither");
+  }
   std::unique_ptr<GatewayServer> s(new GatewayServer(std::move(options), router, control));
-  s->server_ = std::make_unique<httplib::Server>();
-  const std::size_t threads = s->options_.threads, pending = s->options_.pending_connections;
-  s->server_->new_task_queue = [threads, pending] { return new BoundedPool(threads, pending); };
+  if (!s->options_.tls_cert.empty()) {
+    auto tls = std::make_unique<httplib::SSLServer>(s->options_.tls_cert.c_str(),
+                                                    s->options_.tls_key.c_str());
+    if (!tls->is_valid()) {
+      return std::unexpected(fmt::format(
+          "cannot use --tls-cert {} with --tls-key {}: unreadable, not PEM, an encrypted key, "
+          "or a key that does not match the certificate",
+          s->options_.tls_cert, s->options_.tls_key));
+    }
+    s->server_ = std::move(tls);
+  } else {
+    s->server_ = std::make_unique<httplib::Server>();
+  }
+  const ConnectionPool::Limits limits{.ready = s->options_.threads,
+                                      .max_connections = s->options_.max_connections,
+                                      .overflow_threads = 2,
+                                      .overflow_queue = s->options_.pending_connections};
+  s->server_->new_task_queue = [limits] { return new ConnectionPool(limits); };
   s->server_->set_payload_max_length(s->options_.max_body_bytes);
   s->server_->set_read_timeout(s->options_.client_timeout);
   s->server_->set_write_timeout(s->options_.client_timeout);
   s->server_->set_keep_alive_timeout(std::max<time_t>(
-      1, std::chrono::duration_cast<std::chrono::seconds>(s->options_.client_timeout).count()));
+      1, std::chrono::duration_cast<std::chrono::seconds>(s->options_.keep_alive_timeout).count()));
+  s->server_->set_keep_alive_max_count(
+      std::max<std::size_t>(1, s->options_.keep_alive_max_requests));
   s->install_handlers();
   if (s->options_.port == 0) {
     s->port_ = s->server_->bind_to_any_port(s->options_.host);
@@ -194,7 +166,7 @@ void GatewayServer::stop() {
   }
   stop_cv_.notify_all();
   router_.stop();  // held requests answer 503 at once
-  server_->stop();
+  if (server_) server_->stop();  // null when start() failed before making it
 }
 
 std::shared_ptr<Lease> GatewayServer::another_worker(const std::string& model,
@@ -252,7 +224,29 @@ void GatewayServer::install_handlers() {
   // cpp-httplib 0.11 reads a chunked request body to its end whatever its size
   // (set_payload_max_length bounds only a Content-Length body): such bodies are refused before
   // the server reads them. OpenAI clients send Content-Length.
-  server.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+  server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // A connection past --max-connections: 503 at once, and closed.
+    if (ConnectionPool::over_limit()) {
+      res.set_header("Retry-After", std::to_string(options_.retry_after_s));
+      res.set_header("Connection", "close");
+      send_error(res, 503,
+                 fmt::format("the gateway is serving its limit of {} connections "
+                             "(--max-connections); try again shortly",
+                             options_.max_connections),
+                 "server_error", "too_many_connections");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (options_.api_keys && req.path != "/health" && req.path != "/ready" &&
+        !options_.api_keys->accepts(req.get_header_value("Authorization"))) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      send_error(res, 401,
+                 req.has_header("Authorization")
+                     ? "incorrect API key: send Authorization: Bearer KEY with a key of this "
+                       "gateway's --api-key-file"
+                     : "this gateway needs an API key: send Authorization: Bearer KEY",
+                 "invalid_request_error", "invalid_api_key");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos) {
       return httplib::Server::HandlerResponse::Unhandled;
     }

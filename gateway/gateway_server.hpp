@@ -15,9 +15,11 @@
 // with Retry-After when no worker became ready within the hold deadline or the hold queue is
 // full, 502 when the worker fails.
 //
-// Bounded by construction: a fixed number of handler threads, a bounded accept backlog behind
-// them (the acceptor blocks, the kernel's listen queue holds the rest), a body limit, read
-// and write timeouts against slow clients, and a cap on a non-streaming worker answer.
+// Bounded by construction: at most max_connections connections served at once, each on a
+// thread of its own (ConnectionPool: idle and slow connections cannot stall the others), 503
+// past that, a body limit, read, write and keep-alive timeouts against slow or idle clients,
+// and a cap on a non-streaming worker answer. Optional: HTTPS (tls_cert/tls_key) and bearer
+// keys (api_keys: 401 with an OpenAI-style body without one).
 #pragma once
 
 #include <atomic>
@@ -27,9 +29,11 @@
 #include <expected>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "gateway/api_keys.hpp"
 #include "gateway/control_plane.hpp"
 #include "gateway/router.hpp"
 
@@ -44,9 +48,24 @@ struct GatewayOptions {
   int port = 8080;  // 0: any free port (port() tells which)
   std::size_t max_body_bytes = 1u << 20;
   std::size_t max_upstream_bytes = 64u << 20;  // a worker's non-streaming answer
+  // One thread serves one connection (cpp-httplib). `threads` are kept ready; more are
+  // started as connections come, up to `max_connections`, and end after a while idle. A
+  // connection past the limit is answered 503 (too_many_connections) by an overflow lane of
+  // its own, `pending_connections` of them at most waiting for it (then the acceptor blocks
+  // and the kernel's listen queue holds the rest).
   std::size_t threads = 64;
-  std::size_t pending_connections = 256;             // accepted, waiting for a thread
+  std::size_t max_connections = 1024;
+  std::size_t pending_connections = 256;
   std::chrono::milliseconds client_timeout{10'000};  // reading a request, writing an answer
+  // How long a connection may sit without a request (before its first one too): whole
+  // seconds, at least 1 (cpp-httplib's unit). Up to `keep_alive_max_requests` per connection.
+  std::chrono::milliseconds keep_alive_timeout{5'000};
+  std::size_t keep_alive_max_requests = 100;
+  // HTTPS when both are set (PEM files; the key unencrypted), plain HTTP when neither is.
+  std::string tls_cert, tls_key;
+  // When set, /v1/* and /gateway/* need "Authorization: Bearer KEY" (401 otherwise);
+  // /health and /ready stay open.
+  std::optional<ApiKeys> api_keys;
   std::chrono::milliseconds upstream_connect_timeout{5'000};
   std::chrono::milliseconds upstream_timeout{300'000};  // a worker's answer (or its next event)
   std::chrono::milliseconds report_interval{1'000};     // load reports to the control plane

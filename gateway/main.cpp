@@ -5,12 +5,16 @@
 //   thaw-gateway --route gpt2=http://127.0.0.1:8000 [--route ...]         a fixed table
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <syslog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <expected>
 #include <thread>
 
 #include "gateway/coordinator_link.hpp"
@@ -41,6 +45,27 @@ std::string default_gateway_id() {
   return fmt::format("{}-{}", host, getpid());
 }
 
+// Each connection is a socket, and a proxied request one more to its worker: raise the soft
+// limit on open files to what --max-connections needs (up to the hard limit), or say why not.
+std::expected<void, std::string> ensure_file_limit(std::size_t connections) {
+  const rlim_t needed = 2 * connections + 64;  // + listening socket, coordinator link, logs
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return {};
+  if (lim.rlim_cur >= needed) return {};
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < needed) {
+    return std::unexpected(fmt::format(
+        "--max-connections needs {} open files and the hard limit is {}: lower "
+        "--max-connections/--pending, or raise the limit (LimitNOFILE= in the unit, ulimit -n)",
+        needed, lim.rlim_max));
+  }
+  lim.rlim_cur = needed;
+  if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    return std::unexpected(
+        fmt::format("cannot raise the open-file limit to {}: {}", needed, std::strerror(errno)));
+  }
+  return {};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,8 +81,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> route_flags;
   std::string gateway_id = default_gateway_id();
   std::string hold_deadline = "30s", report_interval = "1s", client_timeout = "10s",
-              upstream_timeout = "300s", cold_start_retry = "10s", max_body = "1MiB";
-  std::size_t hold_queue = 64, threads = 64, pending = 256;
+              upstream_timeout = "300s", cold_start_retry = "10s", max_body = "1MiB",
+              keep_alive = "5s";
+  std::size_t hold_queue = 64, threads = 64, pending = 256, max_connections = 1024,
+              keep_alive_max = 100;
+  std::string api_key_file, tls_cert, tls_key;
   int retry_after = 5;
   std::string balance = "least-outstanding";
   app.add_option("--listen", listen, "HOST:PORT to serve HTTP on")->capture_default_str();
@@ -88,10 +116,29 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-body", max_body, "largest request body (413 above it): 1048576, 4MiB")
       ->capture_default_str();
-  app.add_option("--threads", threads, "requests served at once (held ones included)")
+  app.add_option("--threads", threads,
+                 "threads kept ready for connections (more are started as connections come, "
+                 "up to --max-connections)")
       ->capture_default_str();
-  app.add_option("--pending", pending, "accepted connections waiting for a thread")
+  app.add_option("--max-connections", max_connections,
+                 "connections served at once, held requests included (one thread each); a "
+                 "connection past this is answered 503 too_many_connections and closed")
       ->capture_default_str();
+  app.add_option("--pending", pending,
+                 "connections past --max-connections waiting for their 503 (then new ones wait "
+                 "in the kernel's listen queue)")
+      ->capture_default_str();
+  app.add_option("--keep-alive-timeout", keep_alive,
+                 "a connection without a request for this long is closed (whole seconds)")
+      ->capture_default_str();
+  app.add_option("--keep-alive-max", keep_alive_max, "requests per connection before it is closed")
+      ->capture_default_str();
+  app.add_option("--api-key-file", api_key_file,
+                 "bearer keys, one per line, no other user may read the file: then /v1/* and "
+                 "/gateway/* need 'Authorization: Bearer KEY' (401 otherwise); /health and "
+                 "/ready stay open");
+  app.add_option("--tls-cert", tls_cert, "serve HTTPS with this PEM certificate (chain)");
+  app.add_option("--tls-key", tls_key, "the PEM private key of --tls-cert (unencrypted)");
   app.add_option("--client-timeout", client_timeout,
                  "a client that sends or reads slower than this is dropped")
       ->capture_default_str();
@@ -103,6 +150,9 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  thaw-gateway --route gpt2=http://127.0.0.1:8000 --listen 0.0.0.0:8080\n"
       "  thaw-gateway --coordinator ipc:///run/thaw-coordinator/frontend.sock\n"
+      "  thaw-gateway --route gpt2=http://10.0.0.7:8000 --listen 0.0.0.0:8443 \\\n"
+      "      --tls-cert /etc/thaw/gateway.crt --tls-key /etc/thaw/gateway.key \\\n"
+      "      --api-key-file /etc/thaw/gateway.keys\n"
       "  curl localhost:8080/v1/completions -d '{\"model\":\"gpt2\",\"prompt\":\"Hi\"}'");
   CLI11_PARSE(app, argc, argv);
 
@@ -133,6 +183,7 @@ int main(int argc, char** argv) {
                    {"--cold-start-retry", cold_start_retry, &router_options.cold_start_retry},
                    {"--report-interval", report_interval, &options.report_interval},
                    {"--client-timeout", client_timeout, &options.client_timeout},
+                   {"--keep-alive-timeout", keep_alive, &options.keep_alive_timeout},
                    {"--upstream-timeout", upstream_timeout, &options.upstream_timeout}};
   for (auto& d : durations) {
     auto v = parse_duration(d.text);
@@ -150,9 +201,23 @@ int main(int argc, char** argv) {
   } else if (balance != "least-outstanding") {
     return fail(fmt::format("--balance {}: least-outstanding or round-robin", balance));
   }
+  if (options.keep_alive_timeout < std::chrono::seconds(1)) {
+    return fail("--keep-alive-timeout must be at least 1s (cpp-httplib counts whole seconds)");
+  }
   options.threads = threads;
+  options.max_connections = max_connections;
   options.pending_connections = pending;
+  options.keep_alive_max_requests = keep_alive_max;
   options.retry_after_s = retry_after;
+  options.tls_cert = tls_cert;
+  options.tls_key = tls_key;
+  if (!api_key_file.empty()) {
+    auto keys = ApiKeys::load(api_key_file);
+    if (!keys) return fail(keys.error());
+    log_line(LOG_INFO, fmt::format("{} API key(s) from {}", keys->size(), api_key_file));
+    options.api_keys = std::move(*keys);
+  }
+  if (auto fds = ensure_file_limit(max_connections + pending); !fds) return fail(fds.error());
 
   // Signals are taken on a thread of their own (signalfd), which stops the server.
   sigset_t signals;
@@ -190,9 +255,11 @@ int main(int argc, char** argv) {
     }
     (*server)->stop();
   });
-  log_line(LOG_NOTICE,
-           fmt::format("serving on http://{}:{} ({})", options.host, (*server)->port(),
-                       coordinator.empty() ? "static routes" : "coordinator " + coordinator));
+  log_line(
+      LOG_NOTICE,
+      fmt::format("serving on {}://{}:{} ({}{})", tls_cert.empty() ? "http" : "https", options.host,
+                  (*server)->port(), options.api_keys ? "API keys required, " : "",
+                  coordinator.empty() ? "static routes" : "coordinator " + coordinator));
   (*server)->run();
   // run() returns after stop(): from the watcher, or a listen failure (then wake the watcher).
   pthread_kill(watcher.native_handle(), SIGTERM);

@@ -10,9 +10,11 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -496,44 +498,280 @@ TEST_F(GatewayHttpTest, ChunkedBodiesAreRefusedBeforeTheyAreRead) {
   EXPECT_EQ(worker.requests.load(), 0);
 }
 
-TEST_F(GatewayHttpTest, SlowAndIdleClientsAreDroppedAndOthersStillServed) {
+// Reads from `fd` until the peer closes or `limit` passes; what came.
+std::string read_until_closed(int fd, std::chrono::milliseconds limit) {
+  timeval tv{static_cast<time_t>(limit.count() / 1000),
+             static_cast<suseconds_t>(limit.count() % 1000 * 1000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, n);
+  return out;
+}
+
+// Connections that hold a thread without asking anything: idle keep-alive ones (one request
+// answered, then silence), slow-header ones (a header byte every 300 ms, each inside the read
+// timeout) and silent ones (connected, nothing sent). 16 of each, 12x the 4 ready threads.
+// A thread-per-connection server with a fixed pool makes everyone else wait for them (measured
+// with the old fixed pool of 4: ~2 s per request, a keep-alive timeout); the growing pool
+// serves a new client at once.
+TEST_F(GatewayHttpTest, IdleAndSlowConnectionsDoNotStallOthers) {
   FakeWorker worker("w");
   GatewayOptions o;
-  o.client_timeout = 500ms;
-  o.threads = 8;
-  o.pending_connections = 16;
+  o.client_timeout = 2s;
+  o.keep_alive_timeout = 2s;
+  o.threads = 4;
+  o.max_connections = 256;
   start({{"m", {{worker.url()}}}}, {}, o);
   const std::size_t rss0 = rss_bytes();
-  // A slow client: half a request line, then nothing.
-  const int slow = connect_to(server_->port());
-  ASSERT_GE(slow, 0);
-  ASSERT_EQ(::send(slow, "POST /v1/compl", 14, 0), 14);
-  // Many idle connections: far more than threads and pending slots. Each holds a thread for
-  // httplib's keep-alive wait (whole seconds, at least 1 s) — a thread-per-connection server's
-  // limit: the real client below waits about idle / threads seconds.
-  std::vector<int> idle;
-  for (int i = 0; i < 64; ++i) {
-    const int fd = connect_to(server_->port());
-    if (fd >= 0) idle.push_back(fd);
+  constexpr int kEach = 16;
+  std::vector<int> idle, slow, silent;
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  for (int i = 0; i < kEach; ++i) {
+    idle.push_back(connect_to(server_->port()));
+    ASSERT_GE(idle.back(), 0);
+    ASSERT_EQ(::send(idle.back(), get.data(), get.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(get.size()));
   }
-  // The slow client is cut off within a few timeouts (it may wait behind the idle ones).
-  timeval tv{10, 0};
-  setsockopt(slow, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  char buf[256];
-  const auto t0 = Clock::now();
-  const ssize_t n = ::recv(slow, buf, sizeof buf, 0);
-  EXPECT_GE(n, 0) << "still open after 10 s: " << strerror(errno);  // closed, or answered
-  EXPECT_LT(Clock::now() - t0, 10s);
-  ::close(slow);
-  // A real client gets through once the idle ones have timed out.
+  for (int fd : idle) {  // each answered, and kept open (keep-alive)
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[512];
+    ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 0);
+  }
+  for (int i = 0; i < kEach; ++i) {
+    silent.push_back(connect_to(server_->port()));
+    slow.push_back(connect_to(server_->port()));
+    ASSERT_GE(silent.back(), 0);
+    ASSERT_GE(slow.back(), 0);
+    ASSERT_EQ(::send(slow.back(), "GET /health HTTP/1.1\r\nX-Slow: ", 30, MSG_NOSIGNAL), 30);
+  }
+  std::atomic<bool> done{false};
+  std::jthread dripper([&] {
+    while (!done) {
+      for (int fd : slow) ::send(fd, "a", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(300ms);
+    }
+  });
+  struct StopDripping {
+    std::atomic<bool>& done;
+    ~StopDripping() { done = true; }
+  } stop_dripping{done};
+  std::this_thread::sleep_for(200ms);  // every connection accepted and on a thread
+  // A normal client, on a new connection each time: answered within 500 ms (stated bound; on
+  // this machine it takes ~1 ms), well inside the 2 s keep-alive/read timeouts the others hold
+  // threads for.
+  std::chrono::milliseconds worst{0};
+  for (int i = 0; i < 5; ++i) {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(30, 0);
+    const auto t0 = Clock::now();
+    auto res = c.Post("/v1/completions", R"({"model":"m","prompt":[1]})", "application/json");
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+    ASSERT_TRUE(res) << httplib::to_string(res.error()) << " after " << took.count() << " ms";
+    EXPECT_EQ(res->status, 200);
+    worst = std::max(worst, took);
+  }
+  std::printf("[ measured ] worst of 5 requests with %d idle + %d slow + %d silent open: %lld ms\n",
+              kEach, kEach, kEach, static_cast<long long>(worst.count()));
+  EXPECT_LT(worst, 500ms);
+  // The idle and silent ones are closed by the server after the keep-alive timeout.
+  for (int fd : idle) {
+    read_until_closed(fd, 5s);
+    char b;
+    EXPECT_EQ(::recv(fd, &b, 1, MSG_DONTWAIT), 0) << "an idle connection is still open";
+    ::close(fd);
+  }
+  for (int fd : silent) {
+    read_until_closed(fd, 5s);
+    char b;
+    EXPECT_EQ(::recv(fd, &b, 1, MSG_DONTWAIT), 0) << "a silent connection is still open";
+    ::close(fd);
+  }
+  done = true;
+  dripper.join();
+  for (int fd : slow) ::close(fd);
+  EXPECT_LT(rss_bytes(), rss0 + (64u << 20)) << "memory grew with idle connections";
+}
+
+// Past --max-connections a new connection is answered 503 at once (not queued behind the
+// ones that hold every thread), and served again once those are gone.
+TEST_F(GatewayHttpTest, ConnectionsPastTheLimitGet503AtOnce) {
+  FakeWorker worker("w");
+  GatewayOptions o;
+  o.client_timeout = 2s;
+  o.keep_alive_timeout = 2s;
+  o.threads = 2;
+  o.max_connections = 8;
+  start({{"m", {{worker.url()}}}}, {}, o);
+  std::this_thread::sleep_for(100ms);  // start()'s own probe connection is closed
+  std::vector<int> held;
+  for (int i = 0; i < 8; ++i) {
+    held.push_back(connect_to(server_->port()));
+    ASSERT_GE(held.back(), 0);
+  }
+  std::this_thread::sleep_for(200ms);
   httplib::Client c("127.0.0.1", server_->port());
   c.set_read_timeout(30, 0);
-  c.set_connection_timeout(30, 0);
-  auto res = c.Post("/v1/completions", R"({"model":"m","prompt":[1]})", "application/json");
+  const auto t0 = Clock::now();
+  auto res = c.Get("/health");
+  const auto took = Clock::now() - t0;
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 503) << res->body;
+  EXPECT_EQ(error_of(res).value("code", json()), "too_many_connections");
+  EXPECT_EQ(res->get_header_value("Retry-After"), "7");
+  EXPECT_EQ(res->get_header_value("Connection"), "close");
+  EXPECT_LT(took, 500ms);
+  for (int fd : held) ::close(fd);
+  // The closed connections' threads are free again within the keep-alive poll.
+  std::this_thread::sleep_for(300ms);
+  auto again = c.Get("/health");
+  ASSERT_TRUE(again) << httplib::to_string(again.error());
+  EXPECT_EQ(again->status, 200);
+}
+
+// With API keys: /v1/* and /gateway/* need "Authorization: Bearer KEY" (401 with an
+// OpenAI-style body and WWW-Authenticate otherwise); /health and /ready stay open.
+TEST_F(GatewayHttpTest, ApiKeysGuardTheApiButNotHealth) {
+  FakeWorker worker("w");
+  GatewayOptions o;
+  o.api_keys = ApiKeys::from_keys({"first-key-0123456789", "second-key-0123456789"});
+  start({{"m", {{worker.url()}}}}, {}, o);
+  const std::string body = R"({"model":"m","prompt":[1]})";
+  auto none = client_->Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(error_of(none).value("code", json()), "invalid_api_key");
+  EXPECT_EQ(none->get_header_value("WWW-Authenticate"), "Bearer");
+  for (const char* wrong : {"Bearer first-key-012345678", "Bearer first-key-0123456789x",
+                            "Basic Zmlyc3Qta2V5LTAxMjM0NTY3ODk=", "first-key-0123456789", "Bearer ",
+                            "Bearer first-key-0123456789 second-key-0123456789"}) {
+    auto r = client_->Post("/v1/completions", {{"Authorization", wrong}}, body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << wrong;
+    EXPECT_EQ(error_of(r).value("code", json()), "invalid_api_key") << wrong;
+  }
+  EXPECT_EQ(worker.requests.load(), 0);
+  for (const char* right : {"Bearer first-key-0123456789", "bearer second-key-0123456789",
+                            "Bearer   second-key-0123456789 "}) {
+    auto r = client_->Post("/v1/completions", {{"Authorization", right}}, body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << right << ": " << r->body;
+  }
+  EXPECT_EQ(worker.requests.load(), 3);
+  for (const char* path : {"/v1/models", "/gateway/routes"}) {
+    auto r = client_->Get(path);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << path;
+    auto ok = client_->Get(path, {{"Authorization", "Bearer first-key-0123456789"}});
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << path;
+  }
+  for (const char* path : {"/health", "/ready"}) {
+    auto r = client_->Get(path);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << path;
+  }
+}
+
+// A scratch directory, removed with what is in it.
+struct ScratchDir {
+  ScratchDir() {
+    char tmpl[] = "/tmp/thaw-gateway-test.XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~ScratchDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+  std::string write(const std::string& name, const std::string& text, mode_t mode) {
+    const std::string p = path + "/" + name;
+    std::ofstream(p) << text;
+    chmod(p.c_str(), mode);
+    return p;
+  }
+  std::string path;
+};
+
+TEST(GatewayApiKeyFile, ModeAndContentsAreChecked) {
+  ScratchDir dir;
+  const std::string keys = "# gateway keys\n\n  alpha-0123456789abcdef  \nbeta-0123456789abcdef\n";
+  auto world = ApiKeys::load(dir.write("world", keys, 0644));
+  ASSERT_FALSE(world);
+  EXPECT_NE(world.error().find("other users can read"), std::string::npos) << world.error();
+  EXPECT_NE(world.error().find("chmod o-rw"), std::string::npos) << world.error();
+  EXPECT_FALSE(ApiKeys::load(dir.write("writable", keys, 0602)));
+  auto fine = ApiKeys::load(dir.write("fine", keys, 0640));
+  ASSERT_TRUE(fine) << fine.error();
+  EXPECT_EQ(fine->size(), 2u);
+  EXPECT_TRUE(fine->accepts("Bearer alpha-0123456789abcdef"));
+  EXPECT_TRUE(fine->accepts("Bearer beta-0123456789abcdef"));
+  EXPECT_FALSE(fine->accepts("Bearer # gateway keys"));
+  auto empty = ApiKeys::load(dir.write("empty", "# none yet\n", 0600));
+  ASSERT_FALSE(empty);
+  EXPECT_NE(empty.error().find("no keys"), std::string::npos) << empty.error();
+  auto short_key = ApiKeys::load(dir.write("short", "abc\n", 0600));
+  ASSERT_FALSE(short_key);
+  EXPECT_NE(short_key.error().find("line 1"), std::string::npos) << short_key.error();
+  EXPECT_FALSE(ApiKeys::load(dir.path + "/missing"));
+  EXPECT_FALSE(ApiKeys::load(dir.path));  // a directory
+}
+
+// --tls-cert/--tls-key: HTTPS with a self-signed certificate made here (openssl CLI), verified
+// by the client against that certificate; plain HTTP on the port gets no answer.
+TEST(GatewayTls, ServesHttpsWithTheGivenCertificate) {
+  ScratchDir dir;
+  const std::string cert = dir.path + "/cert.pem", key = dir.path + "/key.pem";
+  const std::string make =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1"
+      " -addext subjectAltName=IP:127.0.0.1 -keyout " +
+      key + " -out " + cert + " 2>/dev/null";
+  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  FakeWorker worker("w");
+  FakeControlPlane control;
+  Router router({}, [](const std::string&) {});
+  router.replace({{"m", {{worker.url()}}}});
+  GatewayOptions o;
+  o.port = 0;
+  o.tls_cert = cert;
+  o.tls_key = key;
+  auto server = GatewayServer::start(o, router, control);
+  ASSERT_TRUE(server) << server.error();
+  std::thread runner([&] { (*server)->run(); });
+  struct Stop {
+    GatewayServer& s;
+    std::thread& t;
+    ~Stop() {
+      s.stop();
+      t.join();
+    }
+  } stop{**server, runner};
+  httplib::SSLClient tls("127.0.0.1", (*server)->port());
+  tls.set_ca_cert_path(cert.c_str());
+  tls.enable_server_certificate_verification(true);
+  for (int i = 0; i < 200 && !tls.Get("/health"); ++i) std::this_thread::sleep_for(10ms);
+  auto health = tls.Get("/health");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  auto res = tls.Post("/v1/completions", R"({"model":"m","prompt":[4]})", "application/json");
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   EXPECT_EQ(res->status, 200);
-  for (int fd : idle) ::close(fd);
-  EXPECT_LT(rss_bytes(), rss0 + (64u << 20)) << "memory grew with idle connections";
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["token_ids"], json::array({5}));
+  httplib::SSLClient untrusting("127.0.0.1", (*server)->port());  // the system's CAs only
+  untrusting.enable_server_certificate_verification(true);
+  EXPECT_FALSE(untrusting.Get("/health")) << "a self-signed certificate was trusted";
+  httplib::Client plain("127.0.0.1", (*server)->port());
+  plain.set_read_timeout(2, 0);
+  auto refused = plain.Get("/health");
+  EXPECT_TRUE(!refused || refused->status != 200);
+
+  // A key that does not match the certificate, or files that are not there: refused at start.
+  const std::string other = dir.path + "/other.pem";
+  ASSERT_EQ(std::system(("openssl genrsa -out " + other + " 2048 2>/dev/null").c_str()), 0);
+  o.tls_key = other;
+  auto mismatch = GatewayServer::start(o, router, control);
+  ASSERT_FALSE(mismatch);
+  EXPECT_NE(mismatch.error().find("--tls-cert"), std::string::npos) << mismatch.error();
+  o.tls_key = "";
+  EXPECT_FALSE(GatewayServer::start(o, router, control));
 }
 
 // Mutations of valid requests (bit flips, truncations, insertions, repeated bytes): every one
