@@ -118,4 +118,31 @@ TEST(HydraServeAlg1, LowMemoryWorkersGoWhereOnlyAStageFits) {
   EXPECT_FALSE(allocate_resources(r, servers));
 }
 
+// bench/cluster/cold_start.sh's setting (420 MB over 1 Gbit/s links, fixed start-up t_cc 0.1,
+// t_cu 0.1, t_l 0.3, thaw's overlapped Eq. 5): T(s) = max(0.5, M/(s b)) = 3.36, 1.68, 1.12,
+// 0.84 s. An SLO of 0.5 s + 1.15 M/(4b) = 1.47 s (the start-up added to the fetch, which Eq. 5
+// overlaps) is met by 3 stages, and 3 take less GPU memory than 4 (M + 2M/3 < M + 3M/4): Alg. 1
+// chose 3 for the "PP=4" row. An SLO between T(4) and T(3) leaves 4 the only qualifying size.
+TEST(HydraServeAlg1, TheClusterBenchsSloForFourStagesGetsFour) {
+  std::vector<ServerState> servers;
+  for (std::uint32_t i = 0; i < 4; ++i) servers.push_back({i, 125e6, 16e9, {{3 * kGB, false}}});
+  AllocationRequest r;
+  r.model_bytes = 420420137;
+  r.costs = {.container = 0.1, .cuda_context = 0.1, .library_load = 0.3};
+  r.overlapped = true;
+  r.slo_tpot = 1e9;
+  const double t3 = r.model_bytes / 3 / 125e6, t4 = r.model_bytes / 4 / 125e6;
+  r.slo_ttft = 0.5 + 1.15 * t4;
+  auto a = allocate_resources(r, servers);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->stages, 3);
+  EXPECT_NEAR(a->ttft, t3, 1e-9);
+  r.slo_ttft = (t3 + t4) / 2;
+  a = allocate_resources(r, servers);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->stages, 4);
+  EXPECT_EQ(a->full_memory_workers, 1);
+  EXPECT_NEAR(a->ttft, t4, 1e-9);
+}
+
 }  // namespace
