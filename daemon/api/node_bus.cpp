@@ -79,12 +79,13 @@ std::expected<std::unique_ptr<NodeBus>, std::string> NodeBus::start(
       SD_BUS_METHOD_WITH_ARGS("ListArtifacts", SD_BUS_ARGS("s", model),
                               SD_BUS_RESULT("a(ssssssuttbs)", artifacts),
                               &NodeBus::method_list_artifacts, SD_BUS_VTABLE_UNPRIVILEGED),
-      // Traffic shaping: state, rates in force and per-class counters (node_bus.hpp).
+      // Traffic shaping: state, rates in force, per-class counters and per-model bytes
+      // (model id, cache key, bytes; node_bus.hpp).
       SD_BUS_METHOD_WITH_ARGS(
           "GetNetwork", SD_BUS_NO_ARGS,
           SD_BUS_RESULT("b", enabled, "s", detail, "s", device, "t", link_bytes_per_s, "s",
                         rates_from, "u", cold_starts, "t", per_cold_start_bytes_per_s,
-                        "a(stttttttt)", classes),
+                        "a(stttttttt)", classes, "a(qst)", models),
           &NodeBus::method_get_network, SD_BUS_VTABLE_UNPRIVILEGED),
       SD_BUS_VTABLE_END,
   };

@@ -203,6 +203,13 @@ int NodeBus::method_get_network(sd_bus_message* m, void* self, sd_bus_error*) {
     if (r < 0) return r;
   }
   if ((r = sd_bus_message_close_container(reply)) < 0) return r;
+  // Fetched models' bytes as the classifier counted them: socket marks' model id, cache key.
+  if ((r = sd_bus_message_open_container(reply, 'a', "(qst)")) < 0) return r;
+  for (const NetModelStatus& model : st.models) {
+    r = sd_bus_message_append(reply, "(qst)", model.id, model.name.c_str(), model.bytes);
+    if (r < 0) return r;
+  }
+  if ((r = sd_bus_message_close_container(reply)) < 0) return r;
   return sd_bus_send(nullptr, reply, nullptr);
 }
 

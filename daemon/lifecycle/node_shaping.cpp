@@ -17,6 +17,9 @@ class BpfShaper final : public ShaperBackend {
     if (!status) return std::unexpected(status.error());
     return status->detail;
   }
+  std::expected<void, network::ShapingError> add_model(std::uint16_t id) override {
+    return shaper_.add_model(id);
+  }
   std::expected<void, network::ShapingError> set_class_rates(
       const std::array<network::ClassRate, network::kTrafficClassCount>& classes) override {
     return shaper_.set_class_rates(classes);
@@ -128,6 +131,25 @@ std::uint64_t NodeShaping::link_bytes_per_s() const {
   return resolved_.link_bytes_per_s;
 }
 
+void NodeShaping::register_model(std::uint16_t id, const std::string& name) {
+  std::lock_guard lock(mutex_);
+  if (!backend_ || id == 0) return;
+  if (auto ok = backend_->add_model(id); !ok) {
+    log(LogLevel::warning, fmt::format("traffic shaping: {}'s bytes are not counted per model: {}",
+                                       name, ok.error().message));
+    return;
+  }
+  model_names_[id] = name;
+}
+
+network::FetchWindowRates NodeShaping::fetch_window_rates() const {
+  std::lock_guard lock(mutex_);
+  const auto& c = status_.classes;
+  return {c[static_cast<std::size_t>(NetClass::critical)].ceil_bytes_per_s,
+          c[static_cast<std::size_t>(NetClass::background)].ceil_bytes_per_s,
+          c[static_cast<std::size_t>(NetClass::background)].rate_bytes_per_s};
+}
+
 NetStatus NodeShaping::status() const {
   std::lock_guard lock(mutex_);
   NetStatus out = status_;
@@ -136,6 +158,10 @@ NetStatus NodeShaping::status() const {
   if (!counters) {
     out.detail += fmt::format(" (counters unreadable: {})", counters.error().message);
     return out;
+  }
+  for (const auto& [id, name] : model_names_) {
+    auto it = counters->model_bytes.find(id);
+    out.models.push_back({id, name, it != counters->model_bytes.end() ? it->second : 0});
   }
   for (std::size_t dir = 0; dir < 2; ++dir) {
     for (std::size_t i = 0; i < kNetClassCount; ++i) {

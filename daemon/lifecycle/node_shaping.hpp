@@ -11,11 +11,13 @@
 #include <array>
 #include <cstdint>
 #include <expected>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "daemon/network/fetch_window.hpp"
 #include "daemon/network/network_config.hpp"
 #include "daemon/network/traffic_shaper.hpp"
 
@@ -34,6 +36,8 @@ class ShaperBackend {
   virtual std::expected<void, network::ShapingError> add_inference_cgroup(std::uint64_t id) = 0;
   virtual std::expected<void, network::ShapingError> remove_inference_cgroup(std::uint64_t id) = 0;
   virtual void stop() = 0;
+  // Per-model byte counters for fetch sockets marked with `id` (none by default).
+  virtual std::expected<void, network::ShapingError> add_model(std::uint16_t /*id*/) { return {}; }
 };
 
 // network::TrafficShaper (BPF classifier, HTB on the uplink and its IFB).
@@ -67,6 +71,14 @@ class NodeShaping {
   // or [network] shaping = false.
   std::uint64_t link_bytes_per_s() const;
   NetStatus status() const;
+  // The classifier counts the bytes of fetch sockets marked with model `id` (NodeService's
+  // on_model_id), shown under `name` in status().models. Without shaping nothing to do; a
+  // failure (the classifier's map full) is logged.
+  void register_model(std::uint16_t id, const std::string& name);
+  // The rates fetch sockets' receive windows follow (daemon/network/fetch_window.hpp) under
+  // the class rates in force: critical and background at their ceilings, background cut to its
+  // guaranteed rate while a critical fetch runs.
+  network::FetchWindowRates fetch_window_rates() const;
   // Applies the coordinator's rates (checked against this node's link first). Without
   // shaping they are recorded for status() and the call succeeds: the coordinator cannot
   // know, and there is nothing to fix on its side.
@@ -89,7 +101,8 @@ class NodeShaping {
   std::unique_ptr<ShaperBackend> backend_;  // null when shaping is off
   ResolvedNetwork resolved_;
   std::array<ClassRates, kNetClassCount> configured_{};
-  NetStatus status_;  // all but the counters
+  NetStatus status_;                                  // all but the counters
+  std::map<std::uint16_t, std::string> model_names_;  // registered model ids
 };
 
 }  // namespace thaw::daemon

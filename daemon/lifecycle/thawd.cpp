@@ -160,6 +160,9 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   auto shaping = NodeShaping::start(c.network, SystemNetworkProbe{}, make_bpf_shaper());
   if (!shaping) return std::unexpected(shaping.error());
   d->shaping_ = std::move(*shaping);
+  if (d->shaping_->enabled()) {
+    d->fetch_windows_ = std::make_shared<network::FetchWindows>(d->shaping_->fetch_window_rates());
+  }
 
   d->access_ = std::make_unique<AccessPolicy>(c.allow_groups);
   for (const std::string& g : d->access_->unknown_groups()) {
@@ -252,8 +255,15 @@ Thawd::~Thawd() {
 }
 
 NodeServiceConfig Thawd::service_config() const {
-  return NodeServiceConfig{config_.registry, config_.connections, config_.max_rate_bytes_per_s,
-                           config_.allow_unverified, shaping_ != nullptr && shaping_->enabled()};
+  NodeServiceConfig s{config_.registry, config_.connections, config_.max_rate_bytes_per_s,
+                      config_.allow_unverified, shaping_ != nullptr && shaping_->enabled()};
+  if (s.mark_fetch_sockets) {
+    s.fetch_windows = fetch_windows_;
+    s.on_model_id = [shaping = shaping_.get()](std::uint16_t id, const std::string& key) {
+      shaping->register_model(id, key);
+    };
+  }
+  return s;
 }
 
 std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) {
@@ -292,7 +302,8 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
       c.network_bytes_per_s > 0 ? c.network_bytes_per_s : shaping_->link_bytes_per_s();
   agent.pcie_bytes_per_s = c.pcie_bytes_per_s;
   agent.shapes_traffic = shaping_->enabled();
-  agent.on_class_rates = [shaping = shaping_.get()](const v1::ClassRates& r) {
+  agent.on_class_rates = [shaping = shaping_.get(),
+                          windows = fetch_windows_](const v1::ClassRates& r) {
     CoordinatorRates rates;
     rates.link_bytes_per_s = static_cast<std::uint64_t>(r.link_bytes_per_s());
     rates.cold_starts = r.cold_starts();
@@ -304,6 +315,12 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
     }
     if (auto ok = shaping->apply_coordinator_rates(rates); !ok) {
       log(LogLevel::warning, ok.error() + "; keeping the rates in force");
+    }
+    // Live fetches' windows follow the new class rates.
+    if (windows) {
+      if (auto ok = windows->set_rates(shaping->fetch_window_rates()); !ok) {
+        log(LogLevel::warning, "re-clamping fetch windows to the new class rates: " + ok.error());
+      }
     }
   };
   agent.worker_host = c.worker_host;

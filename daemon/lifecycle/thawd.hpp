@@ -74,6 +74,8 @@ class Thawd {
   std::unique_ptr<AccessPolicy> access_;
   // Traffic shaping of the uplink ([network]); stopped last, after the fetches.
   std::unique_ptr<NodeShaping> shaping_;
+  // With shaping: live fetch sockets, their windows at their class's share (null without).
+  std::shared_ptr<network::FetchWindows> fetch_windows_;
   std::unique_ptr<NodeService> service_;  // uses cache_ and gpus_
   std::unique_ptr<ArtifactStore> artifacts_;
   // The cluster agent (coordinator.endpoint set): stopped before service_ goes.

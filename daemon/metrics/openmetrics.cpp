@@ -28,6 +28,21 @@ class Writer {
   std::string out_;
 };
 
+// A label value as OpenMetrics escapes it (a cache key is a path: no quotes expected, but
+// nothing stops a registry naming a model so).
+std::string label(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string render_network_openmetrics(const NetStatus& n) {
@@ -74,6 +89,13 @@ std::string render_network_openmetrics(const NetStatus& n) {
         w.sample(fmt::format("{}_total", c.name), (n.classes[i].*c.field)[d],
                  fmt::format("class=\"{}\",direction=\"{}\"", kNames[i], kDirections[d]));
       }
+    }
+  }
+  if (!n.models.empty()) {
+    w.family("thaw_net_model_bytes", "counter",
+             "Bytes of each fetched model's fetch sockets on the uplink, both directions.");
+    for (const NetModelStatus& m : n.models) {
+      w.sample("thaw_net_model_bytes_total", m.bytes, fmt::format("model=\"{}\"", label(m.name)));
     }
   }
   return w.text();

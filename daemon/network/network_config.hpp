@@ -127,6 +127,13 @@ struct NetClassStatus {
   std::array<std::uint64_t, 2> bytes{}, packets{}, drops{};
 };
 
+// A fetched model's bytes as the classifier counted them (both directions, headers included).
+struct NetModelStatus {
+  std::uint16_t id = 0;  // the socket marks' model id (bpf/traffic_class.h)
+  std::string name;      // the model's cache key
+  std::uint64_t bytes = 0;
+};
+
 struct NetStatus {
   bool enabled = false;  // the classifier is attached and shaping
   std::string detail;    // what is attached where, or why shaping is off
@@ -138,6 +145,7 @@ struct NetStatus {
   std::uint32_t cold_starts = 0;                 // the coordinator's N for this node
   std::uint64_t per_cold_start_bytes_per_s = 0;  // its equal share B_c / N (0: N = 0)
   std::array<NetClassStatus, kNetClassCount> classes{};
+  std::vector<NetModelStatus> models;  // by id; fetched models, once shaping runs
 };
 
 }  // namespace thaw::daemon

@@ -92,7 +92,10 @@ ServiceResult<std::shared_ptr<NodeService::FetchJob>> NodeService::start_fetch_l
   options.fetcher.connections_per_file = options.fetcher.max_connections;
   options.fetcher.rate_limits[static_cast<std::size_t>(store::FetchClass::critical)] =
       store::RateLimit{config_.max_rate_bytes_per_s, 0};
-  if (config_.mark_fetch_sockets) options.fetcher.socket_tags = store::shaper_socket_tags();
+  if (config_.mark_fetch_sockets) {
+    options.fetcher.socket_tags = store::shaper_socket_tags(model_id_locked(key));
+    options.fetcher.fetch_windows = config_.fetch_windows;
+  }
   options.on_plan = [weak = std::weak_ptr<FetchJob>(job)](const safetensors::FetchPlan&) {
     if (auto j = weak.lock()) j->mark_plan_known();
   };
@@ -126,6 +129,16 @@ ServiceResult<std::shared_ptr<NodeService::FetchJob>> NodeService::start_fetch_l
   fetches_[key] = job;
   changed();
   return job;
+}
+
+std::uint16_t NodeService::model_id_locked(const std::string& key) {
+  if (auto it = model_ids_.find(key); it != model_ids_.end()) return it->second;
+  // Ids are not reused: a counter the classifier keeps under an id must stay one model's.
+  if (model_ids_.size() >= 0xffff) return 0;
+  const auto id = static_cast<std::uint16_t>(model_ids_.size() + 1);
+  model_ids_.emplace(key, id);
+  if (config_.on_model_id) config_.on_model_id(id, key);
+  return id;
 }
 
 ModelStatus NodeService::status_of_locked(const std::string& key,

@@ -50,6 +50,10 @@
 #include "daemon/store/registry/registry.hpp"
 #include "vmm/gpu_memory.hpp"
 
+namespace thaw::network {
+class FetchWindows;  // daemon/network/fetch_window.hpp
+}
+
 namespace thaw::daemon {
 
 enum class ModelState { fetching, partial, complete, failed };
@@ -154,6 +158,13 @@ struct NodeServiceConfig {
   // or a cold start, background for consolidation) for the classifier. Off without it:
   // SO_MARK needs CAP_NET_ADMIN, and a fetch that cannot set it fails.
   bool mark_fetch_sockets = false;
+  // With mark_fetch_sockets: the registry the fetch sockets' receive windows are kept at their
+  // class's current share by (daemon/network/fetch_window.hpp); null leaves them to the kernel.
+  std::shared_ptr<network::FetchWindows> fetch_windows;
+  // With mark_fetch_sockets: told each model's id (the mark's model bits, 1..65535, one per
+  // cache key for thawd's lifetime) before its first fetch socket carries it, so the
+  // classifier can count the model's bytes by name.
+  std::function<void(std::uint16_t id, const std::string& key)> on_model_id;
 };
 
 class NodeService {
@@ -229,6 +240,8 @@ class NodeService {
       const std::string& name, const std::string& key,
       std::optional<store::StageSpec> stage = std::nullopt, bool consolidate = false);
   ModelStatus status_of_locked(const std::string& key, const store::CachedModelInfo* cached) const;
+  // The model id `key`'s fetch sockets are marked with; 0 once all 65535 are taken.
+  std::uint16_t model_id_locked(const std::string& key);
   ServiceResult<std::pair<std::uint32_t, vmm::SlotId>> parse_slot_locked(
       const std::string& id) const;
   void run_prewarm(std::shared_ptr<SlotRecord> record, std::shared_ptr<FetchJob> job);
@@ -256,6 +269,7 @@ class NodeService {
   NodeServiceConfig config_;
   EngineLayoutLookup engine_layouts_;
   std::map<std::string, std::shared_ptr<FetchJob>> fetches_;  // by key, latest run
+  std::map<std::string, std::uint16_t> model_ids_;            // by key: socket marks' model id
   std::map<std::string, std::shared_ptr<SlotRecord>> slots_;  // by slot id
   std::map<std::string, EngineLease> leases_;                 // by owner
   std::vector<std::thread> finished_threads_;

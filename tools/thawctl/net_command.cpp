@@ -41,6 +41,20 @@ int net(sd_bus* bus, const Options& o) {
                        {"ingress", {{"bytes", v[5]}, {"packets", v[6]}, {"drops", v[7]}}}});
   }
   if (r < 0) fail(fmt::format("malformed reply from thawd (GetNetwork): {}", std::strerror(-r)));
+  // Per-model bytes (absent from a thawd older than them: an empty list).
+  nlohmann::json models = nlohmann::json::array();
+  if ((r = sd_bus_message_exit_container(m)) >= 0 &&
+      (r = sd_bus_message_enter_container(m, 'a', "(qst)")) > 0) {
+    for (;;) {
+      std::uint16_t id = 0;
+      const char* name = nullptr;
+      std::uint64_t bytes = 0;
+      r = sd_bus_message_read(m, "(qst)", &id, &name, &bytes);
+      if (r <= 0) break;
+      models.push_back({{"id", id}, {"model", name}, {"bytes", bytes}});
+    }
+  }
+  if (r < 0) fail(fmt::format("malformed reply from thawd (GetNetwork): {}", std::strerror(-r)));
   if (o.json) {
     fmt::print("{}\n", nlohmann::json{{"enabled", enabled != 0},
                                       {"detail", detail},
@@ -49,7 +63,8 @@ int net(sd_bus* bus, const Options& o) {
                                       {"rates_from", rates_from},
                                       {"cold_starts", cold_starts},
                                       {"per_cold_start_bytes_per_s", per_cold_start},
-                                      {"classes", classes}}
+                                      {"classes", classes},
+                                      {"models", models}}
                            .dump());
     return kExitOk;
   }
@@ -72,6 +87,13 @@ int net(sd_bus* bus, const Options& o) {
                c["ingress"]["drops"].get<std::uint64_t>(),
                thaw::text::format_bytes(c["egress"]["bytes"].get<double>()),
                c["egress"]["drops"].get<std::uint64_t>());
+  }
+  if (!models.empty()) {
+    fmt::print("\n{:<6} {:<40} {:>11}\n", "ID", "MODEL", "BYTES");
+    for (const auto& m : models) {
+      fmt::print("{:<6} {:<40} {:>11}\n", m["id"].get<std::uint16_t>(),
+                 m["model"].get<std::string>(), thaw::text::format_bytes(m["bytes"].get<double>()));
+    }
   }
   return kExitOk;
 }

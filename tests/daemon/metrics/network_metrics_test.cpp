@@ -38,5 +38,22 @@ TEST(NetworkMetrics, EveryClassAndDirectionWithItsValues) {
   EXPECT_NE(render_network_openmetrics(n).find("thaw_net_shaping_enabled 0\n"), std::string::npos);
 }
 
+TEST(NetworkMetrics, ModelsCountedApartByName) {
+  NetStatus n;
+  n.enabled = true;
+  EXPECT_EQ(render_network_openmetrics(n).find("thaw_net_model_bytes"), std::string::npos)
+      << "no family without models";
+  n.models = {{1, "org/llama-3-8b", 123456789}, {2, "gpt2", 42}, {3, "odd\"name", 7}};
+  const std::string text = render_network_openmetrics(n);
+  for (const char* line : {
+           "# TYPE thaw_net_model_bytes counter\n",
+           "thaw_net_model_bytes_total{model=\"org/llama-3-8b\"} 123456789\n",
+           "thaw_net_model_bytes_total{model=\"gpt2\"} 42\n",
+           "thaw_net_model_bytes_total{model=\"odd\\\"name\"} 7\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\nin:\n" << text;
+  }
+}
+
 }  // namespace
 }  // namespace thaw::daemon

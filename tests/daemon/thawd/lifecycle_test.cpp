@@ -341,7 +341,7 @@ TEST_F(ThawdLifecycle, ShapingThatCannotRunIsOffSaidOnceOrFailsTheStartWhenRequi
       {"call", "org.thaw.Node1", "/org/thaw/Node1", "org.thaw.Node1.Manager", "GetNetwork"}, &rc);
   EXPECT_EQ(rc, 0) << reply;
   EXPECT_TRUE(
-      reply.starts_with("bsstsuta(stttttttt) false \"traffic shaping off: the link rate "
+      reply.starts_with("bsstsuta(stttttttt)a(qst) false \"traffic shaping off: the link rate "
                         "of lo is unknown"))
       << reply;
   EXPECT_NE(reply.find("\"lo\" 0 \"config\" 0 0 4 \"inference\""), std::string::npos) << reply;
