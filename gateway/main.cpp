@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <expected>
 #include <thread>
 
 #include "gateway/coordinator_link.hpp"
@@ -45,25 +44,35 @@ std::string default_gateway_id() {
   return fmt::format("{}-{}", host, getpid());
 }
 
-// Each connection is a socket, and a proxied request one more to its worker: raise the soft
-// limit on open files to what --max-connections needs (up to the hard limit), or say why not.
-std::expected<void, std::string> ensure_file_limit(std::size_t connections) {
-  const rlim_t needed = 2 * connections + 64;  // + listening socket, coordinator link, logs
+// Each connection is a socket, and a proxied request one more to its worker: the soft limit on
+// open files is raised to what --max-connections and --pending need (up to the hard limit).
+// Where the hard limit is lower (a container's), --max-connections is lowered to fit, with a
+// warning, rather than letting accept() fail with EMFILE under load.
+void fit_file_limit(thaw::gateway::GatewayOptions& options) {
+  constexpr rlim_t kOther = 64;  // listening socket, coordinator link, logs
+  const auto needed = [&] {
+    return 2 * static_cast<rlim_t>(options.max_connections + options.pending_connections) + kOther;
+  };
   rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return {};
-  if (lim.rlim_cur >= needed) return {};
-  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < needed) {
-    return std::unexpected(fmt::format(
-        "--max-connections needs {} open files and the hard limit is {}: lower "
-        "--max-connections/--pending, or raise the limit (LimitNOFILE= in the unit, ulimit -n)",
-        needed, lim.rlim_max));
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= needed()) return;
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < needed()) {
+    const std::size_t asked = options.max_connections;
+    const rlim_t pairs = lim.rlim_max > kOther ? (lim.rlim_max - kOther) / 2 : 0;
+    options.max_connections = std::max<std::size_t>(
+        options.threads,
+        pairs > options.pending_connections ? pairs - options.pending_connections : 0);
+    log_line(
+        LOG_WARNING,
+        fmt::format("the open-file hard limit ({}) is too low for --max-connections {} and "
+                    "--pending {}: serving at most {} connections (raise LimitNOFILE= or "
+                    "ulimit -Hn)",
+                    lim.rlim_max, asked, options.pending_connections, options.max_connections));
   }
-  lim.rlim_cur = needed;
+  lim.rlim_cur = std::min(lim.rlim_max, needed());
   if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
-    return std::unexpected(
-        fmt::format("cannot raise the open-file limit to {}: {}", needed, std::strerror(errno)));
+    log_line(LOG_WARNING, fmt::format("cannot raise the open-file limit to {}: {}", lim.rlim_cur,
+                                      std::strerror(errno)));
   }
-  return {};
 }
 
 }  // namespace
@@ -217,7 +226,7 @@ int main(int argc, char** argv) {
     log_line(LOG_INFO, fmt::format("{} API key(s) from {}", keys->size(), api_key_file));
     options.api_keys = std::move(*keys);
   }
-  if (auto fds = ensure_file_limit(max_connections + pending); !fds) return fail(fds.error());
+  fit_file_limit(options);
 
   // Signals are taken on a thread of their own (signalfd), which stops the server.
   sigset_t signals;
