@@ -3,11 +3,14 @@
 # with systemd as PID 1 (booted_root.sh): apt install → systemctl enable --now thawd (READY=1)
 # → busctl as an unprivileged user and as a member of group thaw → thawctl fetch / prewarm /
 # slots → the reference engine under LD_PRELOAD=libthaw-preload.so (by name) gets its weights
-# from thawd's slot → systemctl reload → systemctl stop gives the GPU memory back → apt purge
-# leaves nothing behind (a diff of the root, users, groups and units before and after).
+# from thawd's slot → systemctl reload → systemctl stop gives the GPU memory back →
+# thaw-gateway.service (a dynamic user, an API key as a credential) answers /health, 401 and a
+# JSON 404 → apt purge leaves nothing behind (a diff of the root, users, groups and units
+# before and after).
 #
 #   package_boot_test.sh --debs DIR --build DIR [--keep]
-#     --debs   where thaw_*.deb and thaw-emulator_*.deb are (make deb: build/deb)
+#     --debs   where thaw_*.deb, thaw-emulator_*.deb, thaw-coordinator_*.deb, thaw-gateway_*.deb
+#              and thaw-dev_*.deb are (make deb: build/deb)
 #     --build  a development build (the reference engine, its kernels' CPU twins and
 #              thaw-genmodel come from there: they are not packaged)
 #     --keep   leave the container running at the end (its work dir is printed)
@@ -32,9 +35,10 @@ shopt -s nullglob
 thaw_deb=("$debs"/thaw_*.deb)
 emu_deb=("$debs"/thaw-emulator_*.deb)
 coord_deb=("$debs"/thaw-coordinator_*.deb)
+gateway_deb=("$debs"/thaw-gateway_*.deb)
 dev_deb=("$debs"/thaw-dev_*.deb)
-((${#thaw_deb[@]} == 1 && ${#emu_deb[@]} == 1 && ${#coord_deb[@]} == 1 && ${#dev_deb[@]} == 1)) ||
-  { echo "package_boot_test.sh: not exactly one each of thaw_*.deb, thaw-emulator_*.deb, thaw-coordinator_*.deb and thaw-dev_*.deb in $debs (make deb)" >&2; exit 2; }
+((${#thaw_deb[@]} == 1 && ${#emu_deb[@]} == 1 && ${#coord_deb[@]} == 1 && ${#gateway_deb[@]} == 1 && ${#dev_deb[@]} == 1)) ||
+  { echo "package_boot_test.sh: not exactly one each of thaw_*.deb, thaw-emulator_*.deb, thaw-coordinator_*.deb, thaw-gateway_*.deb and thaw-dev_*.deb in $debs (make deb)" >&2; exit 2; }
 REFENGINE=$build/tools/refengine/refengine
 TWINS=$build/tools/refengine/librefengine_kernels_twins.so
 GENMODEL=$build/tools/genmodel/thaw-genmodel
@@ -114,7 +118,7 @@ mkdir -p "$T/in/registry" "$T/in/engine"
 "$GENMODEL" --size custom --layers 2 --embd 128 --heads 4 --vocab 1024 --positions 64 \
   --dtype f16 --out "$T/in/registry/tiny" --quiet >/dev/null ||
   fail "thaw-genmodel makes the test model"
-cp "${thaw_deb[0]}" "${emu_deb[0]}" "${coord_deb[0]}" "${dev_deb[0]}" "$T/in/"
+cp "${thaw_deb[0]}" "${emu_deb[0]}" "${coord_deb[0]}" "${gateway_deb[0]}" "${dev_deb[0]}" "$T/in/"
 cp "$REFENGINE" "$TWINS" "$T/in/engine/"
 expect "the packages, a model and the reference engine are copied in" \
   "$B" copy-in "$W" "$T/in" /srv/thaw-test
@@ -123,20 +127,22 @@ snapshot >"$T/before.txt" || fail "listing the root before the install"
 
 # ------------------------------------------------------------------------------ install
 debs_in=(/srv/thaw-test/"$(basename "${thaw_deb[0]}")" /srv/thaw-test/"$(basename "${emu_deb[0]}")"
-  /srv/thaw-test/"$(basename "${coord_deb[0]}")" /srv/thaw-test/"$(basename "${dev_deb[0]}")")
-expect "apt install ./thaw_*.deb ./thaw-emulator_*.deb ./thaw-coordinator_*.deb ./thaw-dev_*.deb" \
+  /srv/thaw-test/"$(basename "${coord_deb[0]}")" /srv/thaw-test/"$(basename "${gateway_deb[0]}")"
+  /srv/thaw-test/"$(basename "${dev_deb[0]}")")
+expect "apt install ./thaw_*.deb ./thaw-emulator_*.deb ./thaw-coordinator_*.deb ./thaw-gateway_*.deb ./thaw-dev_*.deb" \
   inside env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${debs_in[@]}"
 [[ $(inside getent group thaw) == thaw:* ]] || fail "the install creates group thaw (sysusers)"
 ok "group thaw exists"
 for f in /usr/bin/thawd /usr/bin/thawctl /usr/bin/thaw-fetch /usr/lib/x86_64-linux-gnu/libthaw-preload.so \
   /usr/share/dbus-1/system.d/org.thaw.Node1.conf /usr/share/dbus-1/interfaces/org.thaw.Node1.Manager.xml \
   /etc/thaw/thawd.toml /usr/share/man/man8/thawd.8.gz /usr/share/man/man5/thawd.toml.5.gz \
-  /usr/share/bash-completion/completions/thawctl /usr/include/thaw/thaw_restore.h; do
+  /usr/share/bash-completion/completions/thawctl /usr/include/thaw/thaw_restore.h \
+  /usr/bin/thaw-gateway /etc/thaw/gateway.env /usr/share/man/man8/thaw-gateway.8.gz; do
   inside test -e "$f" || fail "the thaw package installs $f"
 done
 ok "programs, preload library (multiarch dir), bus policy, interfaces, conffile, man pages, completion, restore ABI header installed"
 # The units' exposure as systemd itself rates it (the issue's bar: 4.5 at most).
-for unit in thawd.service thaw-coordinator.service; do
+for unit in thawd.service thaw-coordinator.service thaw-gateway.service; do
   level=$(inside systemd-analyze security --no-pager "$unit" 2>&1 | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
   [[ -n $level ]] || fail "systemd-analyze security $unit" "$(inside systemd-analyze security --no-pager "$unit" 2>&1 | tail -3)"
   awk -v l="$level" 'BEGIN { exit !(l <= 4.5) }' || fail "systemd-analyze security $unit: exposure $level, over 4.5"
@@ -234,12 +240,51 @@ released=$(journal_line '^stopped: gave') || fail "thawd logs what it gave back 
 ok "stop: $released; the device had $((free_on >> 20)) MiB free while thawd ran, $((free_off >> 20)) of $((total_off >> 20)) MiB after"
 [[ $(inside systemctl show -p Result --value thawd.service) == success ]] || fail "thawd stopped cleanly (Result=success)"
 
+# ------------------------------------------------------------------------------ gateway
+# Installed, not enabled; configured the way README.Debian says: routes in gateway.env, an API
+# key file (mode 600, root's) handed to the dynamic user as a credential.
+gw_key=thaw-test-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+[[ $(inside systemctl is-enabled thaw-gateway.service) == disabled && $(inside systemctl is-active thaw-gateway.service) != active ]] ||
+  fail "thaw-gateway.service is installed but neither enabled nor started"
+ok "thaw-gateway.service installed, disabled, not started"
+inside sh -c "umask 077 && echo '$gw_key' >/etc/thaw/gateway.keys &&
+  sed -i 's|^THAW_GATEWAY_ARGS=.*|THAW_GATEWAY_ARGS=\"--route tiny=http://127.0.0.1:9 --listen 127.0.0.1:8080 --api-key-file /run/credentials/thaw-gateway.service/api-keys\"|' /etc/thaw/gateway.env &&
+  mkdir -p /etc/systemd/system/thaw-gateway.service.d &&
+  printf '[Service]\nLoadCredential=api-keys:/etc/thaw/gateway.keys\n' >/etc/systemd/system/thaw-gateway.service.d/keys.conf &&
+  systemctl daemon-reload" || fail "configuring thaw-gateway (routes, API key credential)"
+expect "systemctl start thaw-gateway" inside systemctl start thaw-gateway.service
+health=""
+for _ in $(seq 50); do
+  health=$(inside curl -s -w ' %{http_code}' http://127.0.0.1:8080/health 2>/dev/null) && [[ $health == *' 200' ]] && break
+  sleep 0.1
+done
+[[ $health == '{"status":"ok"} 200' ]] ||
+  fail "GET /health answers 200 without a key" "$health" "$(inside journalctl -u thaw-gateway --no-pager -o cat | tail -5)"
+ok "thaw-gateway.service: GET /health 200 $health"
+gw_pid=$(inside systemctl show -p MainPID --value thaw-gateway.service)
+gw_user=$(inside ps -o user= -p "$gw_pid" | tr -d ' ')
+gw_caps=$(inside grep CapEff "/proc/$gw_pid/status" | awk '{print $2}')
+[[ -n $gw_user && $gw_user != root && $gw_caps == 0000000000000000 ]] ||
+  fail "the gateway runs as a dynamic user without capabilities" "user $gw_user, CapEff $gw_caps"
+ok "the gateway runs as $gw_user (dynamic), CapEff $gw_caps"
+body='{"model":"nope","prompt":"hi"}'
+out=$(inside curl -s -w ' %{http_code}' -H 'Content-Type: application/json' -d "$body" http://127.0.0.1:8080/v1/completions)
+[[ $out == *'"code":"invalid_api_key"'*' 401' ]] || fail "POST /v1/completions without a key is 401 invalid_api_key" "$out"
+ok "no key: $out"
+out=$(inside curl -s -w ' %{http_code}' -H "Authorization: Bearer $gw_key" -H 'Content-Type: application/json' -d "$body" http://127.0.0.1:8080/v1/completions)
+[[ $out == *'"code":"model_not_found"'*' 404' ]] || fail "an unknown model is a JSON 404 with the key" "$out"
+ok "the key, an unknown model: $out"
+expect "systemctl stop thaw-gateway" inside systemctl stop thaw-gateway.service
+[[ $(inside systemctl show -p Result --value thaw-gateway.service) == success ]] || fail "thaw-gateway stopped cleanly (Result=success)"
+inside sh -c 'rm -rf /etc/systemd/system/thaw-gateway.service.d /etc/thaw/gateway.keys && systemctl daemon-reload' ||
+  fail "removing the gateway's drop-in and key file"
+
 # ------------------------------------------------------------------------------ purge
 # What the test itself added goes first (the alice's drop-in and user are theirs to remove).
 inside sh -c 'rm -rf /etc/systemd/system/thawd.service.d && userdel --remove alice 2>/dev/null && rm -f /tmp/*.log /tmp/*.timeline /srv/thaw-test/registry/tiny/thaw-manifest.json' ||
   fail "removing the test's drop-in and user"
-expect "apt purge thaw thaw-emulator thaw-coordinator thaw-dev" \
-  inside env DEBIAN_FRONTEND=noninteractive apt-get purge -y thaw thaw-emulator thaw-coordinator thaw-dev
+expect "apt purge thaw thaw-emulator thaw-coordinator thaw-gateway thaw-dev" \
+  inside env DEBIAN_FRONTEND=noninteractive apt-get purge -y thaw thaw-emulator thaw-coordinator thaw-gateway thaw-dev
 inside systemctl daemon-reload
 snapshot >"$T/after.txt" || fail "listing the root after the purge"
 if ! diff -u "$T/before.txt" "$T/after.txt" >"$T/diff.txt"; then

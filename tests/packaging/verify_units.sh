@@ -3,9 +3,9 @@
 # binary. verify exits 0 even for settings it ignores ("Failed to parse ..., ignoring"), so
 # any output at all fails the test; a deliberately broken copy must produce some, so the
 # check itself is known to work.
-# usage: verify_units.sh SOURCE_DIR THAWD_BINARY [COORDINATOR_BINARY]
+# usage: verify_units.sh SOURCE_DIR THAWD_BINARY [COORDINATOR_BINARY [GATEWAY_BINARY]]
 set -euo pipefail
-src=$1 thawd=$2 coordinator=${3:-}
+src=$1 thawd=$2 coordinator=${3:-} gateway=${4:-}
 command -v systemd-analyze >/dev/null || { echo "systemd-analyze not installed (package systemd)"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -35,4 +35,16 @@ if [[ -n $coordinator ]]; then
     exit 1
   fi
   echo "thaw-coordinator.service: verified"
+fi
+
+if [[ -n $gateway ]]; then
+  sed "s|/usr/bin/thaw-gateway|$gateway|" "$src/packaging/thaw-gateway.service" \
+    >"$work/thaw-gateway.service"
+  if ! out=$(systemd-analyze verify --man=no "$work/thaw-gateway.service" 2>&1) ||
+    [[ -n $out ]]; then
+    echo "thaw-gateway.service does not verify cleanly:"
+    echo "$out"
+    exit 1
+  fi
+  echo "thaw-gateway.service: verified"
 fi
