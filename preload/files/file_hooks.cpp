@@ -46,11 +46,13 @@ int after_open(int fd, int dirfd, const char* path, int flags) {
 }
 
 // `real` (an open) once more when it failed to find a model file thawd's fetch has not
-// created yet, once the fetch has.
+// created yet, once the fetch has. O_DIRECTORY opens too: the model directory is opened so
+// before it is listed (libstdc++'s directory_iterator: openat + fdopendir; os.scandir(fd)),
+// and the listing then waits in fdopendir (pending_listing.hpp).
 template <typename Open>
 int open_when_created(int dirfd, const char* path, int flags, Open real) {
   const int fd = real();
-  if (fd >= 0 || !read_only(flags) || (flags & O_CREAT) != 0) return fd;
+  if (fd >= 0 || (flags & O_ACCMODE) != O_RDONLY || (flags & O_CREAT) != 0) return fd;
   auto where = pending_candidate(dirfd, path, errno);
   if (!where || !wait_until_created(*where)) return fd;
   return real();

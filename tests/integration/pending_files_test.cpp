@@ -210,7 +210,7 @@ TEST_F(PendingModelFiles, ListingsStartedBeforeTheFilesExistNameEveryFile) {
   auto plain = std::async(std::launch::async, [&] { return python(""); });
   auto shimmed = std::async(std::launch::async, [&] { return python(shim_env()); });
   std::vector<std::future<thaw::testing::ProgramResult>> c_listers;
-  for (const char* mode : {"readdir", "readdir64", "scandir"}) {
+  for (const char* mode : {"readdir", "readdir64", "scandir", "fdopendir"}) {
     c_listers.push_back(
         std::async(std::launch::async, [&, m = std::string(mode)] { return c_listing(m); }));
   }
@@ -243,7 +243,7 @@ TEST_F(PendingModelFiles, ListingsStartedBeforeTheFilesExistNameEveryFile) {
   // Without the shim, the same engine started at the same moment found nothing to load.
   EXPECT_NE(early_plain.exit_code, 0) << early_plain.output;
 
-  // C programs' readdir, readdir64 and scandir, started with the Python ones.
+  // C programs' readdir, readdir64, scandir and open + fdopendir, started with the Python ones.
   const auto on_disk = c_listing("readdir");  // now, after the fetch: the reference
   ASSERT_EQ(on_disk.exit_code, 0) << on_disk.output;
   for (auto& f : c_listers) {
