@@ -10,6 +10,31 @@
 
 namespace refengine {
 
+void TokenStream::push(Event e) {
+  {
+    std::lock_guard lock(mu_);
+    events_.push_back(e);
+  }
+  cv_.notify_all();
+}
+
+void TokenStream::wait_after(std::size_t from, std::chrono::milliseconds timeout,
+                             std::vector<Event>& out) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return events_.size() > from; });
+  for (std::size_t i = from; i < events_.size(); ++i) out.push_back(events_[i]);
+}
+
+void TokenStream::abandon() {
+  std::lock_guard lock(mu_);
+  abandoned_ = true;
+}
+
+bool TokenStream::abandoned() const {
+  std::lock_guard lock(mu_);
+  return abandoned_;
+}
+
 Scheduler::Scheduler(Engine& engine) : engine_(engine) {
   for (int b = engine.num_blocks() - 1; b >= 0; --b) free_list_.push_back(b);
 }
@@ -74,6 +99,7 @@ void Scheduler::finish(std::unique_ptr<Sequence>& s, std::string reason, std::st
   s->completion.finish_reason = std::move(reason);
   s->completion.error = std::move(error);
   s->promise.set_value(std::move(s->completion));
+  if (s->request.stream) s->request.stream->push({s->request.stream_choice, -1, true});
   idle_cv_.notify_all();
 }
 
@@ -225,6 +251,7 @@ bool Scheduler::step_once() {
     }
     s.completion.tokens.push_back(next);
     s.tokens.push_back(next);
+    if (s.request.stream) s.request.stream->push({s.request.stream_choice, next, false});
   }
   // Retire finished sequences.
   for (auto it = running_.begin(); it != running_.end();) {
@@ -233,6 +260,9 @@ bool Scheduler::step_once() {
                      s.completion.tokens.back() == engine_.config().eos_token_id;
     if (eos || int(s.completion.tokens.size()) >= s.request.max_tokens) {
       finish(*it, eos ? "stop" : "length");
+      it = running_.erase(it);
+    } else if (s.request.stream && s.request.stream->abandoned()) {
+      finish(*it, "abort");  // nobody reads the rest: free the batch slot and the blocks
       it = running_.erase(it);
     } else {
       ++it;

@@ -5,6 +5,7 @@
 // may be submitted from any thread while run() or run_until_idle() drives the engine.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -19,17 +20,43 @@
 
 namespace refengine {
 
+// The tokens of one streamed HTTP request as the engine decodes them (its prompts are choices
+// 0..n-1): the engine thread appends, the server's handler waits. Each choice ends with an
+// `end` event, pushed after its Completion is in the future (so the future is ready by then).
+class TokenStream {
+ public:
+  struct Event {
+    int choice = 0;
+    std::int32_t token = -1;  // the decoded token (when !end)
+    bool end = false;
+  };
+  void push(Event e);
+  // Waits up to `timeout` for events after the first `from` of them; appends them to `out`.
+  void wait_after(std::size_t from, std::chrono::milliseconds timeout, std::vector<Event>& out);
+  // The client went away: the scheduler ends the request ("abort") instead of decoding on.
+  void abandon();
+  bool abandoned() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Event> events_;
+  bool abandoned_ = false;
+};
+
 struct Request {
   std::vector<std::int32_t> prompt;
   int max_tokens = 16;
   bool ignore_eos = false;
-  bool want_logits = false;    // keep the logits of every generated token
-  bool all_positions = false;  // ... and of every prompt position (needs --all-positions)
+  bool want_logits = false;             // keep the logits of every generated token
+  bool all_positions = false;           // ... and of every prompt position (needs --all-positions)
+  std::shared_ptr<TokenStream> stream;  // streamed: every token is pushed as it is decoded
+  int stream_choice = 0;                // the request's choice index in `stream`
 };
 
 struct Completion {
   std::vector<std::int32_t> tokens;  // generated tokens
-  std::string finish_reason;         // "length", "stop" or "error"
+  std::string finish_reason;         // "length", "stop", "error", "migrated" or "abort"
   std::string error;
   // When want_logits: one row per scored position (prompt positions first if all_positions).
   std::vector<std::vector<float>> logits;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kv_transfer_server.hpp"
+#include "server_stream.hpp"
 
 namespace refengine {
 namespace {
@@ -41,7 +42,11 @@ std::expected<Completion, std::string> wait_completion(std::future<Completion>& 
   return f.get();
 }
 
-namespace {
+int error_status(const std::string& error) {
+  return error.starts_with("the engine failed")        ? 500
+         : error.starts_with("the engine is draining") ? 503
+                                                       : 400;
+}
 
 // The whole answer of a request released with "to", from that full worker's /kv/result. Not
 // cut short by a stop request: a stopping stage 0 still hands its callers their answers (the
@@ -77,8 +82,6 @@ std::expected<void, std::string> fetch_migrated(Completion& c) {
   return std::unexpected(fmt::format("the request moved to {} did not finish within {} min",
                                      c.migrated_to, kForwardDeadline.count()));
 }
-
-}  // namespace
 
 int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& tokenizer,
           const ServeOptions& options) {
@@ -145,9 +148,21 @@ int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& 
                                    "those"
                                  : "\"prompt\" must be token ids: the model directory has no "
                                    "tokenizer (vocab.json + merges.txt)");
+    bool stream = false;
+    if (body.contains("stream")) {
+      if (!body["stream"].is_boolean()) return fail(400, "\"stream\" must be true or false");
+      stream = body["stream"].get<bool>();
+    }
+    auto token_stream = stream ? std::make_shared<TokenStream>() : nullptr;
     std::vector<std::future<Completion>> futures;
-    for (auto& ids : prompts)
-      futures.push_back(scheduler.submit(Request{ids, max_tokens, ignore_eos, false, false}));
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      futures.push_back(scheduler.submit(
+          Request{prompts[i], max_tokens, ignore_eos, false, false, token_stream, int(i)}));
+    if (stream)
+      return stream_completion(
+          res, std::make_shared<StreamState>(token_stream, std::move(futures),
+                                             tokenizer ? &*tokenizer : nullptr,
+                                             fmt::format("cmpl-{}", next_id++), model));
     nlohmann::json choices = nlohmann::json::array();
     std::size_t prompt_tokens = 0, completion_tokens = 0;
     for (std::size_t i = 0; i < futures.size(); ++i) {
@@ -166,11 +181,7 @@ int serve(Engine& engine, Scheduler& scheduler, const std::optional<Tokenizer>& 
           return;
         }
       }
-      if (c.finish_reason == "error")
-        return fail(c.error.starts_with("the engine failed")        ? 500
-                    : c.error.starts_with("the engine is draining") ? 503
-                                                                    : 400,
-                    c.error);
+      if (c.finish_reason == "error") return fail(error_status(c.error), c.error);
       prompt_tokens += prompts[i].size();
       completion_tokens += c.tokens.size();
       nlohmann::json choice{{"index", i},
