@@ -10,7 +10,8 @@
 // engine sees the whole file at its final size at once, and reads block only on bytes not yet
 // arrived (file_hooks.cpp). The model's directory itself (<root>/<key>, which the cache
 // creates with the first file) is waited for the same way. A path thawd does not fetch gets
-// its ENOENT unchanged.
+// its ENOENT unchanged. Listings of the model directory wait the same way, for every file the
+// fetch will create (pending_listing.hpp).
 //
 // Cost for everything else: nothing on success; on ENOENT, a look for the cache marker in the
 // directory and above it, once per directory (a directory found to have none is remembered,
