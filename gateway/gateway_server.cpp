@@ -407,7 +407,8 @@ void GatewayServer::install_handlers() {
       res.set_content(answer, content_type);
       return;
     }
-    // Streaming: the answer is written as the worker's events arrive. The lease and the
+    // Streaming: the worker's events are relayed one by one as they arrive (whole events
+    // only, so an error event never lands inside a half-written one). The lease and the
     // in-flight count live as long as the provider (until the last event is written).
     const GatewayOptions options = options_;
     const std::string request_body = req.body;
@@ -416,11 +417,14 @@ void GatewayServer::install_handlers() {
                                                            request_body,
                                                            model](std::size_t,
                                                                   httplib::DataSink& sink) mutable {
+      bool resent = false;
       for (int attempt = 0;; ++attempt) {
         auto client = upstream_client(worker->url(), options);
         int status = 0;
-        bool relay = false;  // the worker streams: its bytes go through as they come
+        bool relay = false;  // the worker streams: its events go through as they come
         bool client_gone = false;
+        std::size_t relayed = 0;  // events written to the client
+        std::string partial;      // the worker's bytes after its last whole event
         std::string whole;
         httplib::Request up;
         up.method = "POST";
@@ -435,34 +439,60 @@ void GatewayServer::install_handlers() {
           return true;
         };
         up.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
-          if (relay) {
-            if (!sink.write(data, n)) {
+          if (!relay) {
+            if (whole.size() + n > options.max_upstream_bytes) return false;
+            whole.append(data, n);
+            return true;
+          }
+          partial.append(data, n);
+          std::size_t end = 0;
+          for (std::size_t at; (at = partial.find("\n\n", end)) != std::string::npos;) {
+            end = at + 2;
+          }
+          if (end > 0) {
+            if (!sink.write(partial.data(), end)) {
               client_gone = true;  // a slow or gone client: stop reading the worker
               return false;
             }
-            return true;
+            ++relayed;
+            partial.erase(0, end);
           }
-          if (whole.size() + n > options.max_upstream_bytes) return false;
-          whole.append(data, n);
-          return true;
+          // An event is small (one token); a worker sending megabytes without a blank line is
+          // not speaking SSE.
+          return partial.size() <= options.max_upstream_bytes;
         };
         httplib::Response up_res;
         httplib::Error error = httplib::Error::Success;
         const bool ok = client->send(up, up_res, error);
-        if (!ok && error == httplib::Error::Connection && attempt == 0) {
-          if (auto other = another_worker(model, worker->url())) {
-            worker = std::move(other);
-            continue;
+        if (client_gone) return false;
+        if (!ok && relayed == 0) {
+          // Nothing reached the client yet: the request may go to another worker, as a
+          // non-streamed one would. A refused connection sent nothing (another worker at
+          // once); a worker that took the request and failed (crashed) is retried once.
+          if (error == httplib::Error::Connection && attempt == 0) {
+            if (auto other = another_worker(model, worker->url())) {
+              worker = std::move(other);
+              continue;
+            }
+          }
+          if (!resent && error != httplib::Error::Connection) {
+            resent = true;
+            router_.mark_unreachable(worker->url(), options.unreachable_pause);
+            if (auto again = router_.acquire(model)) {
+              worker = std::move(*again);
+              continue;
+            }
           }
         }
-        if (client_gone) return false;
         std::string tail;
-        if (!ok && !relay) {
+        if (!ok && relayed == 0) {
           tail = fmt::format("data: {}\n\ndata: [DONE]\n\n",
                              error_body(fmt::format("worker {} did not answer: {}", worker->url(),
                                                     httplib::to_string(error)),
                                         "upstream_error", "upstream_unavailable"));
         } else if (!ok) {
+          // Tokens went out: a retry would repeat them. The client sees this event and no
+          // [DONE] (docs/GATEWAY.md).
           tail = fmt::format("data: {}\n\n",
                              error_body(fmt::format("worker {} stopped mid-stream: {}",
                                                     worker->url(), httplib::to_string(error)),
@@ -476,6 +506,8 @@ void GatewayServer::install_handlers() {
                                               "upstream_error", "upstream_status"));
         } else if (!relay) {
           tail = events_from_completion(whole);
+        } else {
+          tail = partial;  // a worker's last event without its blank line
         }
         if (!tail.empty() && !sink.write(tail.data(), tail.size())) return false;
         sink.done();

@@ -1,10 +1,12 @@
 // GatewayServer: thaw-gateway's HTTP side (cpp-httplib), the OpenAI-compatible front door.
 //
 //   POST /v1/completions   routed to a serving worker of body.model (Router), proxied;
-//                          "stream": true answers as server-sent events: relayed as they come
-//                          when the worker streams, or made from its whole answer when it
-//                          does not (the reference engine does not stream: then the first
-//                          event comes with the last token)
+//                          "stream": true answers as server-sent events: the worker's
+//                          relayed event by event as they come (the reference engine sends
+//                          one per token), or made from its whole answer when it does not
+//                          stream. A worker failing before its first event: the request goes
+//                          to another worker; after: an error event, no [DONE]
+//                          (docs/GATEWAY.md, Streaming)
 //   GET  /v1/models        the models the gateway routes
 //   GET  /health           the process answers
 //   GET  /ready            a route table is loaded (static, or the coordinator's first)

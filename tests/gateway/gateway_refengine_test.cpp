@@ -1,11 +1,15 @@
 // thaw-gateway in front of real reference-engine workers on the emulator: the thaw-gateway
 // program with --route gives the same tokens as the worker asked directly, streaming and not;
+// a stream is relayed token by token (its first event long before its last token), goes to
+// another worker when its worker fails before the first event, and ends with an error event
+// (no [DONE]) when its worker dies mid-stream;
 // a request held during a "cold start" (the worker's process started on the gateway's ask,
 // routed once its /health answers) is answered with the same tokens; the program's --help and
 // its refusals of bad flags.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 
 #include <nlohmann/json.hpp>
@@ -40,12 +44,13 @@ std::vector<std::string> engine_env() {
           std::string("THAW_EMU_KERNELS=") + THAW_TWIN_LIB, "THAW_EMU_DEVICE_MEMORY=6G"};
 }
 
-std::unique_ptr<ChildProcess> start_worker(int port, const std::filesystem::path& log) {
-  return std::make_unique<ChildProcess>(
-      std::vector<std::string>{REFENGINE_BIN, "serve", "--model", TINY_GPT2_DIR, "--port",
-                               std::to_string(port), "--max-model-len", "64", "--max-num-seqs",
-                               "4"},
-      log, engine_env());
+std::unique_ptr<ChildProcess> start_worker(int port, const std::filesystem::path& log,
+                                           const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv{
+      REFENGINE_BIN,        "serve",           "--model", TINY_GPT2_DIR,    "--port",
+      std::to_string(port), "--max-model-len", "64",      "--max-num-seqs", "4"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return std::make_unique<ChildProcess>(argv, log, engine_env());
 }
 
 bool healthy(int port) {
@@ -110,6 +115,15 @@ TEST(GatewayRefengine, SameTokensThroughTheGatewayAsDirectStreamingAndNot) {
     EXPECT_EQ(streamed->get_header_value("Content-Type"), "text/event-stream");
     EXPECT_EQ(json(streamed_tokens(streamed->body)), direct["choices"][0]["token_ids"])
         << streamed->body;
+    std::string text;
+    for (std::size_t at = 0; (at = streamed->body.find("data: {", at)) != std::string::npos;) {
+      const auto end = streamed->body.find("\n\n", at);
+      text += json::parse(streamed->body.substr(at + 6, end - at - 6))["choices"][0]["text"]
+                  .get<std::string>();
+      at = end;
+    }
+    EXPECT_EQ(text, direct["choices"][0]["text"]);
+    EXPECT_TRUE(streamed->body.ends_with("data: [DONE]\n\n"));
   }
   // The gateway's own answers: models, and an unknown one.
   httplib::Client c("127.0.0.1", gateway_port);
@@ -167,6 +181,179 @@ TEST(GatewayRefengine, RequestHeldDuringAColdStartIsAnsweredByTheNewWorker) {
   const json direct = post(worker_port, body);
   EXPECT_EQ(first["choices"][0]["token_ids"], direct["choices"][0]["token_ids"]);
   EXPECT_EQ(first["choices"][0]["token_ids"].size(), 6u);
+}
+
+// A streamed answer read as it arrives: each event's data (but [DONE]) with its arrival time.
+struct Stream {
+  std::vector<json> events;
+  std::vector<double> at_ms;
+  bool done = false;
+  double total_ms = 0;
+  std::vector<int> tokens;
+  int token_events = 0;
+};
+
+Stream read_stream(int port, json body, const std::function<void(const Stream&)>& on_event = {}) {
+  body["stream"] = true;
+  Stream s;
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  std::string buffer;
+  const auto start = std::chrono::steady_clock::now();
+  req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+    buffer.append(data, n);
+    for (std::size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
+      const std::string payload = buffer.substr(6, end - 6);  // after "data: "
+      buffer.erase(0, end + 2);
+      if (payload == "[DONE]") {
+        s.done = true;
+        continue;
+      }
+      s.at_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
+      s.events.push_back(json::parse(payload));
+      const json& e = s.events.back();
+      if (e.contains("choices") && !e["choices"][0]["token_ids"].empty()) {
+        ++s.token_events;
+        for (int t : e["choices"][0]["token_ids"]) s.tokens.push_back(t);
+      }
+      if (on_event) on_event(s);
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error error;
+  c.send(req, res, error);
+  s.total_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return s;
+}
+
+// A worker that crashes after taking a request: reads it and closes the connection.
+class CrashingWorker {
+ public:
+  CrashingWorker() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t n = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &n);
+    port = ntohs(a.sin_port);
+    ::listen(fd_, 16);
+    thread_ = std::thread([this] {
+      for (;;) {
+        const int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        char buf[4096];
+        (void)::recv(c, buf, sizeof buf, 0);
+        ++taken;
+        ::close(c);
+      }
+    });
+  }
+  ~CrashingWorker() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  int port = 0;
+  std::atomic<int> taken{0};
+
+ private:
+  int fd_ = -1;
+  std::thread thread_;
+};
+
+std::string url_of(int port) {
+  return "http://127.0.0.1:" + std::to_string(port);
+}
+
+TEST(GatewayRefengine, AStreamIsRelayedTokenByTokenAsTheWorkerDecodes) {
+  constexpr int kTokens = 32, kStepMs = 40;
+  thaw::testing::TempDir dir("thaw-gateway-ref");
+  const int worker_port = free_port();
+  auto worker = start_worker(worker_port, dir.path() / "worker.log",
+                             {"--step-delay-ms", std::to_string(kStepMs)});
+  ASSERT_TRUE(until([&] { return healthy(worker_port); }, 60s)) << worker->log();
+  const int gateway_port = free_port();
+  ChildProcess gateway({THAW_GATEWAY_BIN, "--listen", "127.0.0.1:" + std::to_string(gateway_port),
+                        "--route", "tiny=" + url_of(worker_port)},
+                       dir.path() / "gateway.log");
+  ASSERT_TRUE(until([&] { return healthy(gateway_port); }, 10s)) << gateway.log();
+  const json body{
+      {"model", "tiny"}, {"prompt", " lowest"}, {"max_tokens", kTokens}, {"ignore_eos", true}};
+  const json direct = post(worker_port, body);
+  ASSERT_TRUE(direct.contains("choices")) << direct.dump();
+  const Stream s = read_stream(gateway_port, body);
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(json(s.tokens), direct["choices"][0]["token_ids"]);
+  ASSERT_EQ(s.token_events, kTokens);
+  const double first = s.at_ms.front(), last_token = s.at_ms[kTokens - 1];
+  std::printf(
+      "through the gateway: %d tokens, %d ms steps: first chunk %.0f ms, last token %.0f "
+      "ms, total %.0f ms\n",
+      kTokens, kStepMs, first, last_token, s.total_ms);
+  EXPECT_LT(first, s.total_ms / 4);
+  EXPECT_GT(last_token - first, 0.7 * (kTokens - 1) * kStepMs);
+}
+
+TEST(GatewayRefengine, AStreamWhoseWorkerFailsBeforeItsFirstEventGoesToAnotherWorker) {
+  thaw::testing::TempDir dir("thaw-gateway-ref");
+  CrashingWorker crashing;
+  const int worker_port = free_port();
+  auto worker = start_worker(worker_port, dir.path() / "worker.log");
+  ASSERT_TRUE(until([&] { return healthy(worker_port); }, 60s)) << worker->log();
+  const int gateway_port = free_port();
+  ChildProcess gateway(
+      {THAW_GATEWAY_BIN, "--listen", "127.0.0.1:" + std::to_string(gateway_port), "--route",
+       "tiny=" + url_of(crashing.port), "--route", "tiny=" + url_of(worker_port)},
+      dir.path() / "gateway.log");
+  ASSERT_TRUE(until([&] { return healthy(gateway_port); }, 10s)) << gateway.log();
+  const json body{
+      {"model", "tiny"}, {"prompt", {1, 2, 3}}, {"max_tokens", 6}, {"ignore_eos", true}};
+  const json direct = post(worker_port, body);
+  ASSERT_TRUE(direct.contains("choices")) << direct.dump();
+  // Ties take turns: one of the two streams goes to the crashing worker first.
+  for (int i = 0; i < 2; ++i) {
+    const Stream s = read_stream(gateway_port, body);
+    EXPECT_TRUE(s.done) << i;
+    EXPECT_EQ(json(s.tokens), direct["choices"][0]["token_ids"]) << i;
+    for (const json& e : s.events) EXPECT_FALSE(e.contains("error")) << e.dump();
+  }
+  EXPECT_EQ(crashing.taken.load(), 1);
+}
+
+TEST(GatewayRefengine, AWorkerDyingMidStreamEndsTheStreamWithAnErrorEvent) {
+  thaw::testing::TempDir dir("thaw-gateway-ref");
+  const int worker_port = free_port();
+  auto worker = start_worker(worker_port, dir.path() / "worker.log", {"--step-delay-ms", "50"});
+  ASSERT_TRUE(until([&] { return healthy(worker_port); }, 60s)) << worker->log();
+  const int gateway_port = free_port();
+  ChildProcess gateway({THAW_GATEWAY_BIN, "--listen", "127.0.0.1:" + std::to_string(gateway_port),
+                        "--route", "tiny=" + url_of(worker_port)},
+                       dir.path() / "gateway.log");
+  ASSERT_TRUE(until([&] { return healthy(gateway_port); }, 10s)) << gateway.log();
+  const json body{
+      {"model", "tiny"}, {"prompt", {1, 2, 3}}, {"max_tokens", 60}, {"ignore_eos", true}};
+  const Stream s = read_stream(gateway_port, body, [&](const Stream& so_far) {
+    if (so_far.token_events == 3) ::kill(worker->pid(), SIGKILL);
+  });
+  EXPECT_FALSE(s.done) << "a cut stream must not end with [DONE]";
+  ASSERT_GE(s.token_events, 3);
+  EXPECT_LT(s.token_events, 60);
+  ASSERT_FALSE(s.events.empty());
+  const json& last = s.events.back();
+  ASSERT_TRUE(last.contains("error")) << last.dump();
+  EXPECT_EQ(last["error"]["code"], "upstream_interrupted");
+  EXPECT_NE(last["error"]["message"].get<std::string>().find("mid-stream"), std::string::npos);
 }
 
 TEST(GatewayProgram, HelpAndBadFlags) {
