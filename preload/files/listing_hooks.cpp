@@ -8,6 +8,9 @@
 // it has (pending_listing.hpp), then makes the real call: the stream reads the directory only
 // at its first readdir, after the wait, so readdir/readdir64/rewinddir/closedir need no hook
 // and every entry is the file system's own. Every other directory costs the cheap check.
+// A listing through a descriptor (openat(O_DIRECTORY) + fdopendir: libstdc++'s
+// directory_iterator) first opens the directory, which file_hooks.cpp waits for when thawd
+// has not created it yet.
 //
 // Not covered: glob(3), nftw/ftw and fts_open (glibc-internal opendir; none of the engines
 // thaw targets lists its model with them), and getdents64 on a plain open() (Go, io_uring).
