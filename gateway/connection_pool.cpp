@@ -33,9 +33,11 @@ void ConnectionPool::enqueue(std::function<void()> fn) {
   reap_locked();
   if (running_ + jobs_.size() < limits_.max_connections) {
     jobs_.push_back(std::move(fn));
-    if (idle_ < jobs_.size()) {
-      // Nobody is free to take it: one more thread. If the system refuses one, the
-      // connection waits for the next thread to come free.
+    // Every live thread is serving, waiting, or starting up to wait: one more is needed when
+    // they are fewer than the connections (served and queued). Counting idle threads instead
+    // would miss those still starting and grow past the limit. If the system refuses a
+    // thread, the connection waits for the next one to come free.
+    if (threads_.size() - finished_.size() < running_ + jobs_.size()) {
       try {
         auto it = threads_.emplace(threads_.end());
         try {
@@ -59,9 +61,7 @@ void ConnectionPool::enqueue(std::function<void()> fn) {
 void ConnectionPool::serve(std::list<std::thread>::iterator self) {
   std::unique_lock lock(mutex_);
   for (;;) {
-    ++idle_;
     work_.wait_for(lock, limits_.idle_exit, [&] { return !jobs_.empty() || shutdown_; });
-    --idle_;
     if (jobs_.empty()) {
       if (shutdown_) return;
       // Idle for idle_exit: above the ready threads, this one ends (joined by the acceptor's

@@ -63,7 +63,6 @@ class ConnectionPool final : public httplib::TaskQueue {
   std::list<std::thread> threads_;
   std::vector<std::list<std::thread>::iterator> finished_;  // ended idle, not joined yet
   std::vector<std::thread> overflow_;
-  std::size_t idle_ = 0;     // threads waiting for a job
   std::size_t running_ = 0;  // threads serving a connection
   bool shutdown_ = false;
 };

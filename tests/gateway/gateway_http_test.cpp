@@ -3,6 +3,7 @@
 // deadline's 503 + Retry-After, route switches, and hostile clients — malformed and huge
 // bodies, unknown models, slow and idle connections, a bounded mutation fuzz — with the
 // process's memory checked to stay bounded.
+#include "gateway/connection_pool.hpp"
 #include "gateway/gateway_server.hpp"
 
 #include <arpa/inet.h>
@@ -629,6 +630,54 @@ TEST_F(GatewayHttpTest, ConnectionsPastTheLimitGet503AtOnce) {
   auto again = c.Get("/health");
   ASSERT_TRUE(again) << httplib::to_string(again.error());
   EXPECT_EQ(again->status, 200);
+}
+
+// The pool on its own: it grows to max_connections busy threads, runs the next job on the
+// overflow lane (where over_limit() is true), and shrinks back to its ready threads once
+// the extra ones have been idle for idle_exit.
+TEST(ConnectionPool, GrowsToTheLimitOverflowsThenShrinks) {
+  ConnectionPool pool({.ready = 2,
+                       .max_connections = 6,
+                       .overflow_threads = 1,
+                       .overflow_queue = 4,
+                       .idle_exit = 200ms});
+  EXPECT_EQ(pool.counts().threads, 2u);
+  std::mutex m;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> started{0}, over{0};
+  auto job = [&] {
+    if (ConnectionPool::over_limit()) ++over;
+    ++started;
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return release; });
+  };
+  for (int i = 0; i < 6; ++i) pool.enqueue(job);
+  for (int i = 0; i < 200 && started < 6; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(started.load(), 6) << "6 jobs at once need 6 threads";
+  EXPECT_EQ(over.load(), 0);
+  EXPECT_EQ(pool.counts().threads, 6u);
+  EXPECT_EQ(pool.counts().busy, 6u);
+  std::atomic<bool> overflow_ran{false}, overflow_flag{false};
+  pool.enqueue([&] {
+    overflow_flag = ConnectionPool::over_limit();
+    overflow_ran = true;
+  });
+  for (int i = 0; i < 200 && !overflow_ran; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(overflow_ran) << "the 7th job waited for a busy thread";
+  EXPECT_TRUE(overflow_flag) << "the 7th job did not run on the overflow lane";
+  EXPECT_EQ(pool.counts().threads, 6u) << "the pool grew past max_connections";
+  {
+    std::lock_guard lock(m);
+    release = true;
+  }
+  cv.notify_all();
+  for (int i = 0; i < 200 && pool.counts().busy > 0; ++i) std::this_thread::sleep_for(5ms);
+  std::this_thread::sleep_for(600ms);  // idle_exit, and a margin
+  pool.enqueue([] {});                 // the acceptor's next enqueue joins the ended threads
+  for (int i = 0; i < 200 && pool.counts().threads > 2; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(pool.counts().threads, 2u);
+  pool.shutdown();
 }
 
 // With API keys: /v1/* and /gateway/* need "Authorization: Bearer KEY" (401 with an
