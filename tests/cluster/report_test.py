@@ -114,11 +114,14 @@ class StandInGateway(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        n = body["max_tokens"]
-        self.wfile.write(b"data: " + json.dumps({"choices": [{"token_ids": list(range(n - 1))}]}).encode() + b"\n\n")
+        # One event per token, 50 ms apart, after an event with no token (as a worker's role
+        # or keep-alive event would be): TTFT is the first token's, TPOT the gap between tokens.
+        self.wfile.write(b"data: " + json.dumps({"choices": [{"token_ids": []}]}).encode() + b"\n\n")
         self.wfile.flush()
-        time.sleep(0.05)
-        self.wfile.write(b"data: " + json.dumps({"choices": [{"token_ids": [99]}]}).encode() + b"\n\n")
+        for t in range(body["max_tokens"]):
+            time.sleep(0.05)
+            self.wfile.write(b"data: " + json.dumps({"choices": [{"token_ids": [t]}]}).encode() + b"\n\n")
+            self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")
 
     def log_message(self, *args):
@@ -157,7 +160,13 @@ class TraceClientTest(unittest.TestCase):
             for x in rows:
                 self.assertEqual(x["status"], 200)
                 self.assertEqual(len(x["tokens"]), x["max_tokens"])
-                self.assertGreaterEqual(x["e2e_s"] - x["ttft_s"], 0.04)   # the second event
+                self.assertTrue(x["complete"])
+                self.assertGreaterEqual(x["ttft_s"], 0.04)   # the first token, not the first event
+                if x["max_tokens"] > 1:
+                    self.assertAlmostEqual(x["tpot_s"], 0.05, delta=0.03)
+                    self.assertGreaterEqual(x["e2e_s"] - x["ttft_s"], 0.04 * (x["max_tokens"] - 1))
+                else:
+                    self.assertEqual(x["tpot_s"], 0.0)
             sent = sorted(t for t, _ in StandInGateway.seen)
             self.assertAlmostEqual(sent[2] - sent[0], 0.45, delta=0.1)
             bodies = [b for _, b in sorted(StandInGateway.seen, key=lambda s: s[0])]

@@ -94,7 +94,6 @@ for mode in thaw baseline; do
 done
 # What this run does not show yet, said where the numbers are.
 NOTES+=("not measured here: the coordinator consolidates pipelines into full-memory workers as the trace goes (they appear in the timeline), but tokens/s before/after consolidation is bench/cluster/consolidation.sh's job")
-NOTES+=("the reference engine answers a request whole; the gateway relays it as one streamed event, so TTFT here is the whole answer's latency and the client-side TPOT is 0")
 note_args=()
 for n in "${NOTES[@]}"; do note_args+=(--note "$n"); done
 /usr/bin/python3 "$SCRIPT_DIR/report.py" "$OUT" "${note_args[@]}"

@@ -3,7 +3,12 @@
 
 Each trace row (TIMESTAMP, ContextTokens, GeneratedTokens) becomes one /v1/completions
 request, sent at its scaled arrival time on its own thread, with stream=true; the client
-records when the first streamed event and the end arrived. Scaling, so that the CPU-run
+records when each streamed token arrived (the reference engine and the gateway stream one event
+per token as it is decoded): TTFT is the first token's arrival, TPOT the mean gap between the
+first and the last token's, max_gap_s the longest gap (a stream moved mid-answer by KV migration
+with forwarding shows one: docs/KV-TRANSFER.md). A stream that ends without [DONE] (the worker
+died mid-stream: the gateway sends an error event) is recorded with "error" and
+"complete": false. Scaling, so that the CPU-run
 emulator can serve the trace:
   arrival   (t - t_first) / --time-scale        (e.g. 10: ten trace seconds in one)
   prompt    ceil(ContextTokens / --prompt-scale), clamped to [1, --max-prompt]
@@ -75,7 +80,8 @@ def one_request(url, body, timeout, record):
             record["error"] = resp.read(2000).decode(errors="replace")
             record["retry_after"] = resp.getheader("Retry-After")
             return
-        tokens = []
+        tokens, token_times = [], []
+        record["complete"] = False
         while True:
             line = resp.readline()
             if not line:
@@ -85,12 +91,21 @@ def one_request(url, body, timeout, record):
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
+                record["complete"] = True
                 break
-            if "first" not in record:
-                record["first"] = time.time()
             event = json.loads(data)
+            if "error" in event:  # the worker failed: before its first token, or mid-stream
+                record["error"] = json.dumps(event["error"])[:2000]
+                continue
+            now = time.time()
             for c in event.get("choices", []):
-                tokens += c.get("token_ids", [])
+                ids = c.get("token_ids", [])
+                tokens += ids
+                token_times += [now] * len(ids)
+        if token_times:
+            record["first"], record["last_token"] = token_times[0], token_times[-1]
+            gaps = [b - a for a, b in zip(token_times, token_times[1:])]
+            record["max_gap_s"] = max(gaps) if gaps else 0.0
         record["end"] = time.time()
         record["tokens"] = tokens
     except Exception as e:  # noqa: BLE001 — any failure is the request's outcome
@@ -134,11 +149,12 @@ def main():
                 r["ttft_s"] = r["first"] - r["sent"]
                 r["e2e_s"] = r["end"] - r["sent"]
                 n = len(r.get("tokens", []))
-                r["tpot_s"] = (r["end"] - r["first"]) / (n - 1) if n > 1 else 0.0
+                r["tpot_s"] = (r["last_token"] - r["first"]) / (n - 1) if n > 1 else 0.0
             r["t_sent"], r["t_end"] = r.pop("sent"), r.pop("end")
             r.pop("first", None)
+            r.pop("last_token", None)
             f.write(json.dumps(r) + "\n")
-    ok = sum(1 for r in records if r.get("status") == 200 and "ttft_s" in r)
+    ok = sum(1 for r in records if r.get("status") == 200 and "ttft_s" in r and r.get("complete"))
     print(f"trace_client: {ok}/{len(records)} answered ({a.out})", file=sys.stderr)
 
 
