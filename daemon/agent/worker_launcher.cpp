@@ -297,6 +297,14 @@ int WorkerLauncher::make_child_cgroup_locked(const std::string& unit, std::files
     auto own = own_cgroup_v2_dir();
     cgroup_parent_ = own ? *own : std::filesystem::path();
     if (!own) cgroup_unavailable_locked(own.error());
+    // Workers' cgroups left by a thawd that was killed: rmdir removes only empty ones, so a
+    // worker still running (it outlived that thawd) keeps its cgroup.
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(*cgroup_parent_, ec)) {
+      if (entry.path().filename().string().starts_with("thaw-worker-")) {
+        ::rmdir(entry.path().c_str());
+      }
+    }
   }
   if (cgroup_parent_->empty()) return -1;
   dir = *cgroup_parent_ / unit;
