@@ -4,9 +4,9 @@
 //  - errors before the first token are plain HTTP errors; a client that goes away ends its
 //    request (the batch slot is freed, not decoded to max_tokens);
 //  - a PP=2 pipeline streams from stage 0 what one worker answers;
-//  - a request moved mid-stream by KV migration with forward_answers: the stream goes on and
-//    ends with the single worker's tokens (the forwarded part arrives at once: /kv/result
-//    answers only whole answers).
+//  - a request moved mid-stream by KV migration with forward_answers: the stream goes on, even
+//    as stage 0 is stopped right after the move, and ends with the single worker's tokens (the
+//    forwarded part arrives at once: /kv/result answers only whole answers).
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -217,6 +217,7 @@ TEST(RefengineStreaming, AStreamMovedByKvMigrationEndsWithTheSingleWorkersTokens
   ASSERT_TRUE(moved) << moved.error();
   ASSERT_EQ(moved->size(), 1u);
   EXPECT_EQ((*moved)[0].how, "kv");
+  pp.stages[0]->terminate();  // the coordinator stops the pipeline at once
   ASSERT_EQ(client.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   const Streamed s = client.get();
   ASSERT_EQ(s.status, 200) << s.body;
@@ -224,6 +225,7 @@ TEST(RefengineStreaming, AStreamMovedByKvMigrationEndsWithTheSingleWorkersTokens
   EXPECT_EQ(s.tokens.at(0), whole["choices"][0]["token_ids"].get<Tokens>());
   EXPECT_EQ(s.finish.at(0), "length");
   EXPECT_EQ(s.token_events, kTokens);
+  EXPECT_EQ(pp.stages[0]->wait_exit(30000), 0) << pp.logs();
 }
 
 }  // namespace
