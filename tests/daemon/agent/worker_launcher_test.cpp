@@ -91,6 +91,52 @@ TEST(WorkerLauncher, AChildWorkerRunsInItsOwnCgroupUntilItIsReaped) {
   EXPECT_FALSE(std::filesystem::exists(cgroup_dir));
 }
 
+// A transient unit's cgroup is systemd's: the launcher asks for its ControlGroup (relative to
+// the cgroup v2 mount) and reports that directory's id, and its end once the unit is
+// inactive. systemd-run and systemctl are stand-ins on PATH that answer as systemd would.
+TEST(WorkerLauncher, ATransientUnitsCgroupIsTheOneSystemdReports) {
+  auto mount = cgroup_v2_mount();
+  if (!mount) GTEST_SKIP() << mount.error();
+  if (::access(mount->c_str(), W_OK) != 0) GTEST_SKIP() << mount->string() << " not writable";
+  TempDir dir;
+  const std::string unit = fmt::format("thaw-worker-sdtest-{}", getpid());
+  const std::string group = fmt::format("/thaw-sdtest-{}/{}.service", getpid(), unit);
+  const auto cgroup_dir = *mount / std::filesystem::path(group).relative_path();
+  std::filesystem::create_directories(cgroup_dir);  // what systemd makes for the unit
+  const auto bin = dir.path() / "bin";
+  std::filesystem::create_directories(bin);
+  const auto active = dir.path() / "active";
+  std::ofstream(bin / "systemd-run") << "#!/bin/sh\ntouch " << active.string() << "\n";
+  std::ofstream(bin / "systemctl")
+      << "#!/bin/sh\ncase \"$1\" in\n"
+      << "  show) [ \"$4\" = " << unit << ".service ] && echo " << group << " ;;\n"
+      << "  is-active) [ -e " << active.string() << " ] ;;\n"
+      << "  *) true ;;\nesac\n";
+  std::filesystem::permissions(bin / "systemd-run", std::filesystem::perms::owner_all);
+  std::filesystem::permissions(bin / "systemctl", std::filesystem::perms::owner_all);
+  const std::string path = ::getenv("PATH") ? ::getenv("PATH") : "/usr/bin:/bin";
+  ::setenv("PATH", (bin.string() + ":" + path).c_str(), 1);
+  std::vector<std::uint64_t> started, gone;
+  {
+    WorkerLauncher launcher(dir.path() / "workers", /*use_systemd=*/true);
+    launcher.set_cgroup_hooks({[&](const std::string&, std::uint64_t id) { started.push_back(id); },
+                               [&](const std::string&, std::uint64_t id) { gone.push_back(id); }});
+    ASSERT_TRUE(launcher.launch(shell(unit, "true")).has_value());
+    auto id = cgroup_id_of(cgroup_dir);
+    ASSERT_TRUE(id.has_value()) << id.error();
+    EXPECT_EQ(started, std::vector<std::uint64_t>{*id});
+    EXPECT_EQ(launcher.cgroup_id(unit), *id);
+    EXPECT_EQ(launcher.status(unit).state, WorkerState::running);
+    EXPECT_TRUE(gone.empty());
+    std::filesystem::remove(active);  // the unit ends
+    EXPECT_EQ(launcher.status(unit).state, WorkerState::exited);
+    EXPECT_EQ(gone, std::vector<std::uint64_t>{*id});
+  }
+  ::setenv("PATH", path.c_str(), 1);
+  ::rmdir(cgroup_dir.c_str());
+  ::rmdir(cgroup_dir.parent_path().c_str());
+}
+
 TEST(WorkerLauncher, AWorkerGetsItsEnvironmentAndStopEndsItsProcessGroup) {
   TempDir dir;
   const auto out = dir.path() / "env.txt";
