@@ -8,7 +8,9 @@
 //   model; the agents report the workers ready (stage 0 is the route) and their start-up
 //   phases; then scale-down: stage 0's node has the whole model, a standalone worker starts
 //   there, the routes switch, the pipeline drains and stops, and the standalone worker
-//   answers the same tokens.
+//   answers the same tokens. Also: a request in flight through the hand-over (drain and KV
+//   migration), PP = 4 over four nodes, scale-up from a burst through thaw-gateway (two
+//   independent whole-model workers), and workers without the shim (worker_preload = "").
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -53,17 +55,22 @@ class Node {
  public:
   Node(const std::filesystem::path& dir, std::string id, const std::string& registry,
        const std::string& coordinator, const std::filesystem::path& coordinator_pub,
-       const std::filesystem::path& key, const std::vector<std::string>& extra_flags)
+       const std::filesystem::path& key, const std::vector<std::string>& extra_flags,
+       const std::string& preload = THAW_PRELOAD_LIB, int standalone_delay_s = 1,
+       const std::string& max_rate = "")
       : dir_(dir), id_(std::move(id)) {
     std::filesystem::create_directories(dir_);
     bus_ = std::make_unique<PrivateBus>(dir_);
     // The worker: `refengine serve` on this node's cached copy, one stage of the pipeline. A
     // standalone worker ({pp_size} 1) starts 1 s late: the tiny model's consolidation could
     // otherwise end (drained, stopped) before a test's first request reached the pipeline
-    // ("the engine is stopping"), seen 1 run in 4 on a loaded machine.
-    std::string command =
-        "[\"/bin/sh\", \"-c\", \"if [ \\\"$1\\\" = 1 ]; then sleep 1; fi; shift; exec "
-        "\\\"$@\\\"\", \"worker\", \"{pp_size}\", \"/usr/bin/env\"";
+    // ("the engine is stopping"), seen 1 run in 4 on a loaded machine. It logs which shim it
+    // runs under and when it was launched ("preload=[...] launched_at=<epoch s>").
+    std::string command = fmt::format(
+        "[\"/bin/sh\", \"-c\", \"echo \\\"preload=[$LD_PRELOAD] launched_at=$(date +%s.%N)\\\" "
+        ">&2; if [ \\\"$1\\\" = 1 ]; then sleep {}; fi; shift; exec \\\"$@\\\"\", \"worker\", "
+        "\"{{pp_size}}\", \"/usr/bin/env\"",
+        standalone_delay_s);
     for (const std::string& e : engine_env()) command += ", \"" + e + "\"";
     command += ", \"" REFENGINE_BIN "\", \"serve\", \"--model\", \"" +
                (dir_ / "cache" / kModel).string() +
@@ -77,14 +84,14 @@ class Node {
         << "[node]\nid = \"" << id_ << "\"\nstate_dir = \"" << (dir_ / "state").string()
         << "\"\n[store]\ncache_dir = \"" << (dir_ / "cache").string()
         << "\"\ncache_budget = \"256MiB\"\nregistry = \"" << registry
-        << "\"\nconnections = 2\n[gpu]\npool_share = 0.25\n[shim]\nsocket = \""
-        << (dir_ / "thawd.sock").string() << "\"\n[dbus]\nbus = \"" << bus_->address()
-        << "\"\n[coordinator]\nendpoint = \"" << coordinator << "\"\nserver_key = \""
-        << coordinator_pub.string() << "\"\nkey = \""
+        << "\"\nconnections = 2\nmax_rate = \"" << max_rate
+        << "\"\n[gpu]\npool_share = 0.25\n[shim]\nsocket = \"" << (dir_ / "thawd.sock").string()
+        << "\"\n[dbus]\nbus = \"" << bus_->address() << "\"\n[coordinator]\nendpoint = \""
+        << coordinator << "\"\nserver_key = \"" << coordinator_pub.string() << "\"\nkey = \""
         << key.string()
         // 1 MB/s as the node's link: Alg. 1 needs a pipeline to meet the TTFT SLO.
         << "\"\nnetwork = \"1MB\"\npcie = \"16GB\"\nworker_host = \"127.0.0.1\"\n"
-        << "worker_preload = \"" THAW_PRELOAD_LIB "\"\nworker_command = " << command << "\n";
+        << "worker_preload = \"" << preload << "\"\nworker_command = " << command << "\n";
     std::filesystem::remove(dir_ / "notify");
     NotifySocket notify(dir_ / "notify");
     pid_ = spawn({THAWD_PATH, "--config", (dir_ / "thawd.toml").string()},
@@ -186,7 +193,8 @@ class PipelineWorkers : public ::testing::Test {
     std::filesystem::copy_file(prefix.string() + ".pub", dir_.path() / "nodes.d" / (id + ".pub"));
     nodes_.push_back(std::make_unique<Node>(dir_.path() / id, id, registry_->server().base_url(),
                                             node_endpoint_, dir_.path() / "coordinator.pub",
-                                            prefix.string() + ".key", extra_flags));
+                                            prefix.string() + ".key", extra_flags, worker_preload_,
+                                            standalone_delay_s_, max_rate_));
   }
   ProgramResult cluster(std::vector<std::string> args) const {
     args.insert(args.begin(),
@@ -302,6 +310,11 @@ class PipelineWorkers : public ::testing::Test {
   std::string node_endpoint_, frontend_;
   pid_t coordinator_ = -1;
   std::vector<std::unique_ptr<Node>> nodes_;
+  // For the nodes add_node starts next: the shim ("" : workers without it) and how long a
+  // standalone worker waits before it starts.
+  std::string worker_preload_ = THAW_PRELOAD_LIB;
+  int standalone_delay_s_ = 1;
+  std::string max_rate_;  // the nodes' fetch rate cap ("" : none; the registry is loopback)
 };
 
 TEST_F(PipelineWorkers, APp2ColdStartAnswersLikeOneWorkerThenConsolidates) {
@@ -523,6 +536,211 @@ TEST_F(PipelineWorkers, APp4ColdStartAnswersLikeOneWorker) {
   const std::string url = serving_url(p["id"]);
   ASSERT_FALSE(url.empty()) << diagnostics();
   EXPECT_EQ(complete(url, prompt), expected) << diagnostics();
+}
+
+}  // namespace
+}  // namespace thaw::testing
+
+namespace thaw::testing {
+namespace {
+
+// Scale-up (HydraServe §6.1) driven the way production drives it: a burst of requests reaches
+// thaw-gateway for a model with no worker; the gateway holds them, asks for one cold start and
+// reports its queue every window; the coordinator's sliding window then wants two workers
+// (12 requests, 8 a worker) from the group. With a TPOT SLO that only full-memory stages meet
+// (t_d 20 ms, TPOT 25 ms: (2, 1) gives 30 ms, (2, 2) 20 ms), Alg. 1 plans two full-memory
+// stages, so the pipeline ends as two independent whole-model workers, one per node, both
+// serving and both answering one worker's tokens; the pipeline itself is stopped.
+TEST_F(PipelineWorkers, ABurstScalesAPp2ColdStartUpToTwoIndependentWorkers) {
+  // The registry is on loopback: 4 MB/s per node makes the cold start last a few of the
+  // gateway's report windows (100 ms), as a real link would.
+  max_rate_ = "4MB";
+  start_coordinator();
+  for (const char* id : {"node-a", "node-b"}) add_node(id);
+  ASSERT_TRUE(both_alive()) << diagnostics();
+  const std::vector<int> prompt = {464, 2068, 758, 2183, 1804, 625, 262};
+  const std::vector<int> expected = single_worker("464,2068,758,2183,1804,625,262", 8);
+  ASSERT_EQ(expected.size(), 8u);
+
+  const double slo = 0.7 * static_cast<double>(model_bytes_) / 1e6;
+  auto d = cluster({"deploy", kModel, "--size", std::to_string(model_bytes_), "--layers", "4",
+                    "--ttft", std::to_string(slo), "--decode", "0.02", "--tpot", "0.025"});
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+
+  const int port = store::testing::free_loopback_port();
+  const std::string gateway_url = "http://127.0.0.1:" + std::to_string(port);
+  const pid_t gateway = spawn({THAW_GATEWAY_PATH, "--listen", "127.0.0.1:" + std::to_string(port),
+                               "--coordinator", frontend_, "--report-interval", "100ms",
+                               "--hold-deadline", "120s", "--upstream-timeout", "120s"},
+                              {}, dir_.path() / "gateway.log");
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGTERM);
+      wait_exit(pid);
+    }
+  } reap_gateway{gateway};
+  // Up, and holding the coordinator's route table (the deployed model is listed): before
+  // that it answers requests for the model 404.
+  ASSERT_TRUE(eventually(
+      [&] {
+        httplib::Client c(gateway_url);
+        c.set_connection_timeout(std::chrono::milliseconds(200));
+        auto r = c.Get("/v1/models");
+        return r && r->status == 200 && r->body.find(kModel) != std::string::npos;
+      },
+      20s))
+      << slurp(dir_.path() / "gateway.log");
+
+  // The burst: 12 clients at once, each a greedy completion through the gateway.
+  constexpr int kBurst = 12;
+  std::vector<json> answers(kBurst);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kBurst; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client c(gateway_url);
+      c.set_read_timeout(std::chrono::seconds(150));
+      json body{{"model", kModel},
+                {"prompt", prompt},
+                {"max_tokens", 8},
+                {"ignore_eos", true},
+                {"temperature", 0}};
+      auto r = c.Post("/v1/completions", body.dump(), "application/json");
+      answers[i] = !r                 ? json{{"error", httplib::to_string(r.error())}}
+                   : r->status != 200 ? json{{"error", fmt::format("{}: {}", r->status, r->body)}}
+                                      : json::parse(r->body, nullptr, false);
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kBurst; ++i) {
+    ASSERT_TRUE(answers[i].contains("choices"))
+        << i << ": " << answers[i].dump() << "\n"
+        << slurp(dir_.path() / "gateway.log") << diagnostics();
+    EXPECT_EQ(answers[i]["choices"][0]["token_ids"].get<std::vector<int>>(), expected) << i;
+  }
+
+  // One cold start (the gateway's), planned as two full-memory stages on two nodes, marked
+  // for scale-up by the gateway's queue report.
+  json s = state();
+  ASSERT_EQ(s["plans"].size(), 1u) << s.dump(2);
+  const json p = s["plans"][0];
+  const std::string id = p["id"];
+  ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
+  EXPECT_TRUE(p["placement"][0].value("full_memory", false)) << p.dump(2);
+  EXPECT_TRUE(p["placement"][1].value("full_memory", false)) << p.dump(2);
+  EXPECT_TRUE(p.value("scale_up", false)) << p.dump(2);
+
+  // The group ends as two standalone workers; the pipeline is stopped.
+  ASSERT_TRUE(eventually([&] { return plan(id).value("phase", "") == "PHASE_CONSOLIDATED"; }, 120s))
+      << diagnostics();
+  s = state();
+  ASSERT_EQ(s["plans"].size(), 1u) << s.dump(2);
+  const json done = s["plans"][0];
+  std::set<std::string> nodes, urls;
+  for (const json& stage : done["placement"]) {
+    EXPECT_EQ(stage.value("standalone_route", ""), "WORKER_SERVING") << done.dump(2);
+    EXPECT_EQ(stage.value("standalone_state", ""), "TASK_RUNNING") << done.dump(2);
+    EXPECT_NE(stage.value("route_state", ""), "WORKER_SERVING") << done.dump(2);
+    nodes.insert(stage.value("node_id", ""));
+    urls.insert(stage.value("standalone_url", ""));
+  }
+  EXPECT_EQ(nodes.size(), 2u) << done.dump(2);
+  ASSERT_EQ(urls.size(), 2u) << done.dump(2);
+  // Each is a whole model on its own: the same tokens as one worker, asked directly.
+  for (const std::string& url : urls) {
+    ASSERT_FALSE(url.empty()) << done.dump(2);
+    EXPECT_EQ(complete(url, prompt), expected) << url << "\n" << diagnostics();
+  }
+  // And each was started as a pipeline of one (no peers): the agents' launch tasks say so.
+  int standalone_launches = 0;
+  for (const json& n : s["nodes"]) {
+    for (const json& t : n["report"].value("tasks", json::array())) {
+      const json& task = t["task"];
+      if (task.value("kind", "") != "TASK_LAUNCH_WORKER" || !task.value("standalone", false)) {
+        continue;
+      }
+      ++standalone_launches;
+      EXPECT_EQ(t.value("state", ""), "TASK_RUNNING") << t.dump(2);
+      EXPECT_TRUE(t.value("worker_ready", false)) << t.dump(2);
+    }
+  }
+  EXPECT_EQ(standalone_launches, 2) << s.dump(2);
+  // The pipeline's stage 0 no longer answers.
+  const std::string pipeline =
+      fmt::format("http://127.0.0.1:{}", done["placement"][0].value("http_port", 0));
+  httplib::Client gone(pipeline);
+  gone.set_connection_timeout(std::chrono::milliseconds(300));
+  EXPECT_FALSE(gone.Get("/health")) << "the pipeline's stage 0 still answers";
+}
+
+}  // namespace
+}  // namespace thaw::testing
+
+namespace thaw::testing {
+namespace {
+
+// coordinator.worker_preload = "": the agents launch their workers without the shim, each
+// only once its stage's fetch is done (nothing would hold an engine's reads of bytes not yet
+// fetched). Stage 0 is full-memory: its fetch is its stage and then the rest, so its worker
+// is launched only once its node has the whole model. The first request answers one
+// worker's tokens: no engine read a byte before it was there.
+TEST_F(PipelineWorkers, WithoutTheShimEachStageStartsOnceItsFetchIsDone) {
+  worker_preload_ = "";
+  standalone_delay_s_ = 8;  // the pipeline serves a while before the standalone worker takes over
+  max_rate_ = "4MB";        // the fetch takes a few seconds, as over a real link
+  start_coordinator();
+  for (const char* id : {"node-a", "node-b"}) add_node(id);
+  ASSERT_TRUE(both_alive()) << diagnostics();
+  const std::vector<int> prompt = {464, 2068, 758, 2183, 1804, 625, 262};
+  const std::vector<int> expected = single_worker("464,2068,758,2183,1804,625,262", 8);
+  ASSERT_EQ(expected.size(), 8u);
+  const json p = deploy_and_cold_start();
+  ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
+  const std::string id = p["id"];
+
+  // Until stage 0 serves: when its node's fetch (its stage, then the rest) was first seen
+  // done, on the wall clock the wrapper's launch time is on.
+  std::string url;
+  json seen;
+  double fetch_done_at = 0;
+  ASSERT_TRUE(eventually(
+      [&] {
+        seen = plan(id);
+        if (!seen.contains("placement")) return false;
+        const json& s0 = seen["placement"][0];
+        if (fetch_done_at == 0 && s0.value("fetch_state", "") == "TASK_DONE") {
+          fetch_done_at =
+              std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                  .count();
+        }
+        if (!s0.value("worker_ready", false)) return false;
+        url = s0.value("worker_url", "");
+        return true;
+      },
+      120s))
+      << diagnostics();
+  ASSERT_FALSE(url.empty()) << seen.dump(2);
+  EXPECT_EQ(complete(url, prompt), expected) << diagnostics();
+
+  // Both stages' workers ran without the shim (the wrapper logged an empty LD_PRELOAD), and
+  // stage 0's was launched only once its node's whole fetch was done. Under the shim it is
+  // launched with the fetch, over 2 s (9.4 MB at 4 MB/s) before it ends; 0.5 s allows for
+  // this test's polling of the coordinator.
+  ASSERT_GT(fetch_done_at, 0) << seen.dump(2);
+  for (std::size_t k = 0; k < nodes_.size(); ++k) {
+    const std::string logs = nodes_[k]->worker_logs();
+    EXPECT_NE(logs.find("preload=[] "), std::string::npos) << logs;
+    EXPECT_EQ(logs.find("preload=[/"), std::string::npos) << logs;
+    const auto at = logs.find("launched_at=");
+    ASSERT_NE(at, std::string::npos) << logs;
+    const double launched_at = std::stod(logs.substr(at + 12));
+    if (k == 0) {
+      EXPECT_GT(launched_at, fetch_done_at - 0.5)
+          << fmt::format("launched {:.2f} s before its fetch was seen done\n",
+                         fetch_done_at - launched_at)
+          << logs;
+    }
+  }
 }
 
 }  // namespace
