@@ -3,8 +3,8 @@
 # own network namespaces over a veth; thawd in the node's namespace (a private bpffs: `ip
 # netns exec` gives it a mount namespace) shapes the veth at --link bytes/s; a Fetch through
 # thawctl; then `thawctl --json net`. Passes when shaping is on, the fetched bytes are
-# counted in class critical_fetch (the store's SO_MARK, read by the BPF classifier) and no
-# class dropped a packet. Needs root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON) and
+# counted in class critical_fetch (the store's SO_MARK, read by the BPF classifier) and
+# under the model's name in the per-model counters, and no class dropped a packet. Needs root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON) and
 # build/default's thawd and thawctl.
 #
 # Usage: bench/store/fetch_classified.sh [--link 1.25GB]
@@ -70,8 +70,12 @@ model = int(sys.argv[2])
 classes = {c["class"]: c for c in net["classes"]}
 crit = classes["critical_fetch"]["ingress"]["bytes"]
 drops = sum(c[d]["drops"] for c in net["classes"] for d in ("egress", "ingress"))
-ok = net["enabled"] and crit >= model and drops == 0
+# thawd marks each fetched model's sockets with its own id: its bytes, named, in "models".
+counted = sum(m["bytes"] for m in net.get("models", []))
+names = [m["model"] for m in net.get("models", [])]
+ok = net["enabled"] and crit >= model and drops == 0 and len(names) == 1 and counted >= model
 print(f"critical_fetch ingress {crit} bytes (the model: {model}; with headers it is more), "
+      f"per model {dict(zip(names, (m['bytes'] for m in net.get('models', []))))}, "
       f"drops {drops}: {'PASS' if ok else 'FAIL'}")
 sys.exit(0 if ok else 1)
 PY

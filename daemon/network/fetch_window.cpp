@@ -43,6 +43,7 @@ std::expected<FetchWindow, std::string> clamp_fetch_window(int fd, std::uint64_t
   }
   FetchWindow w;
   w.rtt_us = rtt_us != 0 ? rtt_us : info.tcpi_rtt;
+  w.rtt_us = std::max(w.rtt_us, kFetchWindowMinRttUs);
   // Never below three segments, whatever the floor: a window under one segment stalls the
   // sender on its persist timer (loopback's 64 KB segments did, 300 KB took 10 s).
   std::uint64_t floor = std::max<std::uint64_t>(floor_bytes, 3ull * info.tcpi_advmss);

@@ -33,9 +33,18 @@ namespace thaw::network {
 // 8 KB upstream, p99 2.1x idle.
 inline constexpr std::uint64_t kFetchWindowFloorBytes = 4u << 10;
 
+// The round trip a window is computed from is never taken below this. The round trip TCP
+// measured at connect leaves out how late the receiving thread reads: on a veth at 1.25 GB/s
+// with the 2-core machine loaded (load average 5-9) thawd's 2.09 GB fetch took 19-21 s with
+// windows from the connect round trip (20-30 us: the 3-segment floor) against 4.8-5.8 s
+// unclamped; with 250 us, 4.8 s (bench/store/fetch_classified.sh, issue 26 runs). On the netns
+// test's 200 Mbit link 250 us gives a 5.6 KB window, inference p99 still within 1.5x idle.
+inline constexpr std::uint32_t kFetchWindowMinRttUs = 250;
+
 struct FetchWindow {
   std::uint64_t bytes = 0;   // the window asked for (bpf/traffic_class.h thaw_fetch_window_bytes)
-  std::uint32_t rtt_us = 0;  // the round trip it was computed from (TCP_INFO, smoothed)
+  std::uint32_t rtt_us = 0;  // the round trip it was computed from (TCP_INFO, smoothed;
+                             // at least kFetchWindowMinRttUs)
   bool receive_buffer = false;  // SO_RCVBUF set too (false: above net.core.rmem_max)
 };
 

@@ -450,11 +450,13 @@ TEST_F(ShaperNetns, InferenceLatencyUnderSaturatingFetch) {
 TEST_F(ShaperNetns, TwoCriticalFetchesShareTheLink) {
   start();
   // Windows as thawd sets them: registered with a FetchWindows at the shaped link's rates
-  // (each critical fetch the class's rate over the two × its round trip; on this 30 us link
-  // the 3-segment floor decides). Window-limited flows share by how soon each receiver
-  // reopens its window, so one 4 s measurement in 6 landed at 45/55 on the shared 2-core
-  // machine (issue 26 runs); up to three measurements, each printed. With one FIFO leaf
-  // instead of HTB's model slots every run was near 43/57, so a retry cannot hide that.
+  // (each critical fetch the class's rate over the two × its round trip; on this link the
+  // 3-segment floor decides). Window-limited flows queue mostly upstream (the emulated
+  // switch's FIFO), not in thaw's IFB, so they share by how soon each receiver reopens its
+  // window rather than by HTB's round robin: 3 of 15 single 4 s measurements on the shared
+  // 2-core machine fell outside 45-55 % (43/57 at worst; issue 26 runs). Up to three
+  // measurements, each printed. This retry can hide an occasional unfair run; a systematic
+  // skew (every measurement outside) still fails.
   FetchWindows windows(window_rates(settings_));
   double share_a = 0, da = 0, db = 0;
   for (int attempt = 1; attempt <= 3; ++attempt) {
@@ -482,38 +484,52 @@ TEST_F(ShaperNetns, TwoCriticalFetchesShareTheLink) {
 
 TEST_F(ShaperNetns, BackgroundYieldsToCriticalWithinOneSecond) {
   start();
+  // Windows as thawd sets them: the background fetch's is re-clamped to its class's guaranteed
+  // rate when the critical one registers (on this link both are at the 3-segment floor, so the
+  // yield is HTB's priority in the IFB). Each window-limited flow idles while its receiver is
+  // late: with the 2-core machine at load average 6 (other builds), 2 of 4 single
+  // measurements gave 76-89 % critical, at load 3.5 all of 9 gave 91-95 % (issue 26 runs). Up
+  // to three measurements, each printed; without HTB's priority (one FIFO) the two flows
+  // would split about evenly, so a retry cannot hide a broken shaper.
   FetchWindows windows(window_rates(settings_));
-  Fetch bg(*net_, 9021, socket_mark(TrafficClass::background_fetch, 21), &windows);
-  ASSERT_TRUE(bg.connected()) << bg.window_error();
-  std::this_thread::sleep_for(1500ms);
-  double bg_alone = rate_over(bg, 500ms);
-  print_windows(windows);
-  Fetch crit(*net_, 9022, socket_mark(TrafficClass::critical_fetch, 22), &windows);
-  ASSERT_TRUE(crit.connected()) << crit.window_error();
-  print_windows(windows);
-  std::this_thread::sleep_for(1000ms);
-  // The link's bytes by class, from the classifier's ingress counters (what arrived on the
-  // uplink, headers included, before thaw's IFB queue), and the payload the fetches received.
-  auto k0 = shaper_.counters();
-  ASSERT_TRUE(k0.has_value());
-  std::uint64_t c0 = crit.bytes(), g0 = bg.bytes();
-  auto t0 = Clock::now();
-  std::this_thread::sleep_for(1000ms);
-  auto k1 = shaper_.counters();
-  ASSERT_TRUE(k1.has_value());
-  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  auto wire = [&](int c) {
-    return (k1->classes[THAW_DIR_INGRESS][c].bytes - k0->classes[THAW_DIR_INGRESS][c].bytes) / secs;
-  };
-  double link = 0;
-  for (int c = 0; c < THAW_CLASS_COUNT; ++c) link += wire(c);
-  double crit_share = wire(THAW_CLASS_CRITICAL_FETCH) / link;
-  double crit_rate = (crit.bytes() - c0) / secs, bg_rate = (bg.bytes() - g0) / secs;
-  fmt::print(
-      "background alone {:.2f} MB/s; from 1 s to 2 s after a critical fetch starts: the link "
-      "carried {:.2f} MB/s, {:.1f} % of it critical; payload received: critical {:.2f} MB/s, "
-      "background {:.2f} MB/s\n",
-      bg_alone / 1e6, link / 1e6, 100 * crit_share, crit_rate / 1e6, bg_rate / 1e6);
+  double bg_alone = 0, link = 0, crit_share = 0, crit_rate = 0, bg_rate = 0;
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    const auto port = static_cast<std::uint16_t>(9020 + 2 * attempt);
+    Fetch bg(*net_, port, socket_mark(TrafficClass::background_fetch, 21), &windows);
+    ASSERT_TRUE(bg.connected()) << bg.window_error();
+    std::this_thread::sleep_for(1500ms);
+    bg_alone = rate_over(bg, 500ms);
+    print_windows(windows);
+    Fetch crit(*net_, port + 1, socket_mark(TrafficClass::critical_fetch, 22), &windows);
+    ASSERT_TRUE(crit.connected()) << crit.window_error();
+    print_windows(windows);
+    std::this_thread::sleep_for(1000ms);
+    // The link's bytes by class, from the classifier's ingress counters (what arrived on the
+    // uplink, headers included, before thaw's IFB queue), and the payload the fetches received.
+    auto k0 = shaper_.counters();
+    ASSERT_TRUE(k0.has_value());
+    std::uint64_t c0 = crit.bytes(), g0 = bg.bytes();
+    auto t0 = Clock::now();
+    std::this_thread::sleep_for(1000ms);
+    auto k1 = shaper_.counters();
+    ASSERT_TRUE(k1.has_value());
+    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    auto wire = [&](int c) {
+      return (k1->classes[THAW_DIR_INGRESS][c].bytes - k0->classes[THAW_DIR_INGRESS][c].bytes) /
+             secs;
+    };
+    link = 0;
+    for (int c = 0; c < THAW_CLASS_COUNT; ++c) link += wire(c);
+    crit_share = wire(THAW_CLASS_CRITICAL_FETCH) / link;
+    crit_rate = (crit.bytes() - c0) / secs;
+    bg_rate = (bg.bytes() - g0) / secs;
+    fmt::print(
+        "attempt {}: background alone {:.2f} MB/s; from 1 s to 2 s after a critical fetch "
+        "starts: the link carried {:.2f} MB/s, {:.1f} % of it critical; payload received: "
+        "critical {:.2f} MB/s, background {:.2f} MB/s\n",
+        attempt, bg_alone / 1e6, link / 1e6, 100 * crit_share, crit_rate / 1e6, bg_rate / 1e6);
+    if (bg_alone >= 0.8 * kShaped && crit_share >= 0.9 && crit_rate >= 0.8 * kShaped) break;
+  }
   EXPECT_GE(bg_alone, 0.8 * kShaped) << "alone, background should use the idle link";
   EXPECT_GE(crit_share, 0.9);
   EXPECT_GE(crit_rate, 0.8 * kShaped) << "critical should get the link, not just a share of it";
