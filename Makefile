@@ -3,6 +3,9 @@
 PRESET ?= default
 CMAKE  ?= cmake
 CTEST  ?= ctest
+# THAW_CCACHE=1 (or 0): compile through ccache (CMakeLists.txt says when that pays); passed to
+# every configure here, so it also switches a build directory configured before.
+CONFIGURE_ARGS := $(if $(THAW_CCACHE),-DTHAW_CCACHE=$(THAW_CCACHE))
 
 .PHONY: all deps build demo demo-cluster gpu-kit deb test test-default test-asan test-fuzz test-packaging format clean
 
@@ -12,7 +15,7 @@ deps:
 	@scripts/install-deps
 
 build: deps
-	$(CMAKE) --preset $(PRESET) >/dev/null
+	$(CMAKE) --preset $(PRESET) $(CONFIGURE_ARGS) >/dev/null
 	$(CMAKE) --build --preset $(PRESET)
 
 # Runs thaw's main job on the built-in CUDA driver emulator (tools/demo/run-demo.sh): a
@@ -36,7 +39,7 @@ demo-cluster: build
 # build/gpu-kit/ (<= 48 MiB). Run it anywhere with build/gpu-kit/run --out DIR [--quick];
 # docs/GPU-VALIDATION.md says what it checks.
 gpu-kit: deps
-	$(CMAKE) --preset release >/dev/null
+	$(CMAKE) --preset release $(CONFIGURE_ARGS) >/dev/null
 	$(CMAKE) --build --preset release --target gpu-kit
 
 # The Debian packages (issue 23; debian/): thaw, thaw-coordinator, thaw-emulator, thaw-dev in
@@ -51,12 +54,12 @@ test: deps
 	$(MAKE) --no-print-directory test-default test-asan test-fuzz test-packaging
 
 test-default:
-	$(CMAKE) --preset default >/dev/null
+	$(CMAKE) --preset default $(CONFIGURE_ARGS) >/dev/null
 	$(CMAKE) --build --preset default
 	$(CTEST) --preset default
 
 test-asan:
-	$(CMAKE) --preset asan >/dev/null
+	$(CMAKE) --preset asan $(CONFIGURE_ARGS) >/dev/null
 	$(CMAKE) --build --preset asan
 	$(CTEST) --preset asan
 
