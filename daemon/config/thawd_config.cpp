@@ -246,6 +246,7 @@ std::expected<void, ConfigError> read_network(const Section& s, NetworkSettings&
   if (auto ok = read_shaping(s, out.mode); !ok) return ok;
   if (auto ok = read_string(s, "uplink", out.uplink); !ok) return ok;
   if (auto ok = read_rate(s, "link_rate", out.link_rate); !ok) return ok;
+  if (auto ok = read_bool(s, "clamp_fetch_windows", out.clamp_fetch_windows); !ok) return ok;
   for (std::size_t i = 0; i < kNetClassCount; ++i) {
     const std::string name(to_string(static_cast<NetClass>(i)));
     if (auto ok = read_class_rate(s, name + "_rate", out.classes[i].guaranteed); !ok) return ok;
@@ -359,7 +360,7 @@ std::expected<ThawdConfig, ConfigError> parse_config(std::string_view text,
                           "worker_preload", "worker_host"}),
         network.only({"shaping", "uplink", "link_rate", "inference_rate", "inference_ceil",
                       "critical_rate", "critical_ceil", "background_rate", "background_ceil",
-                      "other_rate", "other_ceil", "inference_ports"})}) {
+                      "other_rate", "other_ceil", "inference_ports", "clamp_fetch_windows"})}) {
     if (!ok) return Fail(ok.error());
   }
   for (auto ok :

@@ -160,7 +160,7 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   auto shaping = NodeShaping::start(c.network, SystemNetworkProbe{}, make_bpf_shaper());
   if (!shaping) return std::unexpected(shaping.error());
   d->shaping_ = std::move(*shaping);
-  if (d->shaping_->enabled()) {
+  if (d->shaping_->enabled() && c.network.clamp_fetch_windows) {
     d->fetch_windows_ = std::make_shared<network::FetchWindows>(d->shaping_->fetch_window_rates());
   }
 

@@ -54,6 +54,10 @@ struct NetworkSettings {
   // Local TCP/UDP ports whose traffic is inference (the gateway's, engines' HTTP ports):
   // recognised by port, so neither needs to mark its sockets.
   std::vector<std::uint16_t> inference_ports;
+  // While shaping runs: each fetch socket's receive window is kept at its class's current
+  // share × round trip (daemon/network/fetch_window.hpp), so an unpaced registry cannot
+  // queue a whole autotuned window upstream, ahead of inference. false: the kernel's windows.
+  bool clamp_fetch_windows = true;
 
   static constexpr std::array<ClassSetting, kNetClassCount> default_classes() {
     // network::default_shaping_settings's shares (daemon/network/traffic_shaper.hpp): the

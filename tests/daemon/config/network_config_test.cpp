@@ -59,6 +59,8 @@ background_ceil = "2GB"
             (std::vector<std::uint16_t>{8000, 443}));
   EXPECT_EQ(parse("shaping = false").mode, ShapingMode::off);
   EXPECT_EQ(parse("shaping = \"auto\"").mode, ShapingMode::automatic);
+  EXPECT_TRUE(parse("").clamp_fetch_windows);
+  EXPECT_FALSE(parse("clamp_fetch_windows = false").clamp_fetch_windows);
 }
 
 TEST(NetworkConfig, BadValuesNameTheKeyAndWhatIsAccepted) {
@@ -83,6 +85,9 @@ TEST(NetworkConfig, BadValuesNameTheKeyAndWhatIsAccepted) {
             std::string::npos);
   EXPECT_NE(error_of("inference_ports = 8000").find("must be an array of port numbers"),
             std::string::npos);
+  EXPECT_NE(error_of("clamp_fetch_windows = \"yes\"").find("network.clamp_fetch_windows"),
+            std::string::npos)
+      << error_of("clamp_fetch_windows = \"yes\"");
 }
 
 TEST(NetworkConfig, CrossKeyChecksNameTheSectionAndTheKeys) {
