@@ -4,6 +4,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdio>
 
 #include "common/proto/cluster/cluster_codec.hpp"
 #include "daemon/log/log.hpp"
@@ -194,6 +195,19 @@ void TaskRunner::launch_locked(Held& held) {
               "THAW_PLAN=" + task.plan_id(),
               "THAW_STAGE=" + std::to_string(task.stage()),
               "THAW_STAGES=" + std::to_string(task.stages())};
+  // Where it serves: the shaper classes packets arriving there as inference.
+  if (task.http_port() > 0 && task.http_port() <= 65535) {
+    spec.ports.push_back(static_cast<std::uint16_t>(task.http_port()));
+  }
+  if (!alone && task.stage() < static_cast<std::uint32_t>(task.peers_size())) {
+    const std::string& own = task.peers(static_cast<int>(task.stage()));  // "host:port"
+    const auto colon = own.rfind(':');
+    unsigned port = 0;
+    if (colon != std::string::npos && std::sscanf(own.c_str() + colon + 1, "%u", &port) == 1 &&
+        port > 0 && port <= 65535) {
+      spec.ports.push_back(static_cast<std::uint16_t>(port));
+    }
+  }
   held.launched_ns = monotonic_ns();
   held.timeline = timeline;
   if (auto ok = workers_.launch(spec); !ok) {

@@ -214,7 +214,7 @@ std::expected<void, std::string> WorkerLauncher::launch(const WorkerSpec& spec) 
     if (rc != 0) return std::unexpected(fmt::format("systemd-run: {}", output));
     Child& child = children_[spec.unit] =
         Child{-1, spec.gpu, {WorkerState::running, "unit started"}};
-    registered_locked(spec.unit, child);
+    registered_locked(spec.unit, child, spec.ports);
     return {};
   }
   std::error_code ec;
@@ -285,10 +285,8 @@ std::expected<void, std::string> WorkerLauncher::launch(const WorkerSpec& spec) 
   }
   Child& child = children_[spec.unit] =
       Child{pid, spec.gpu, {WorkerState::running, fmt::format("pid {}", pid)}};
-  if (!cgroup_dir.empty()) {
-    child.cgroup_dir = cgroup_dir;
-    registered_locked(spec.unit, child);
-  }
+  child.cgroup_dir = cgroup_dir;
+  registered_locked(spec.unit, child, spec.ports);
   return {};
 }
 
@@ -336,33 +334,38 @@ void WorkerLauncher::cgroup_unavailable_locked(const std::string& why) {
                   why));
 }
 
-void WorkerLauncher::registered_locked(const std::string& unit, Child& child) {
+void WorkerLauncher::registered_locked(const std::string& unit, Child& child,
+                                       std::vector<std::uint16_t> ports) {
+  child.traffic = {0, std::move(ports)};
   std::filesystem::path dir = child.cgroup_dir;
-  if (dir.empty()) {
+  if (dir.empty() && use_systemd_) {
     // A transient unit: systemd made its cgroup; ask where (relative to the v2 mount).
     auto [rc, output] = run_and_wait(
         {"systemctl", "show", "--property=ControlGroup", "--value", unit + ".service"});
     while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
     auto mount = cgroup_v2_mount();
-    if (rc != 0 || output.empty() || !mount) {
+    if (rc == 0 && !output.empty() && mount) {
+      dir = *mount / std::filesystem::path(output).relative_path();
+    } else {
       cgroup_unavailable_locked(fmt::format("the cgroup of {}.service is unknown: {}", unit,
                                             mount ? output : mount.error()));
-      return;
     }
-    dir = *mount / std::filesystem::path(output).relative_path();
   }
-  auto id = cgroup_id_of(dir);
-  if (!id) {
-    cgroup_unavailable_locked(id.error());
-    return;
+  if (!dir.empty()) {
+    if (auto id = cgroup_id_of(dir); id) {
+      child.traffic.cgroup_id = *id;
+    } else {
+      cgroup_unavailable_locked(id.error());
+    }
   }
-  child.cgroup_id = *id;
-  if (hooks_.started) hooks_.started(unit, *id);
+  const bool known = child.traffic.cgroup_id != 0 || !child.traffic.ports.empty();
+  if (known && hooks_.started) hooks_.started(unit, child.traffic);
 }
 
 void WorkerLauncher::release_cgroup_locked(const std::string& unit, Child& child) {
-  if (child.cgroup_id != 0 && hooks_.ended) hooks_.ended(unit, child.cgroup_id);
-  child.cgroup_id = 0;
+  const bool known = child.traffic.cgroup_id != 0 || !child.traffic.ports.empty();
+  if (known && hooks_.ended) hooks_.ended(unit, child.traffic);
+  child.traffic = {};
   if (!child.cgroup_dir.empty()) {
     // Empty once the worker and everything it forked are gone; a straggler keeps it (and it
     // is retried at the unit's next launch).
@@ -374,7 +377,7 @@ void WorkerLauncher::release_cgroup_locked(const std::string& unit, Child& child
   }
 }
 
-void WorkerLauncher::set_cgroup_hooks(WorkerCgroupHooks hooks) {
+void WorkerLauncher::set_traffic_hooks(WorkerTrafficHooks hooks) {
   std::lock_guard lock(mutex_);
   hooks_ = std::move(hooks);
 }
@@ -382,7 +385,7 @@ void WorkerLauncher::set_cgroup_hooks(WorkerCgroupHooks hooks) {
 std::uint64_t WorkerLauncher::cgroup_id(const std::string& unit) {
   std::lock_guard lock(mutex_);
   auto it = children_.find(unit);
-  return it == children_.end() ? 0 : it->second.cgroup_id;
+  return it == children_.end() ? 0 : it->second.traffic.cgroup_id;
 }
 
 void WorkerLauncher::reap_locked() {

@@ -13,9 +13,10 @@
 // transient unit has one already (systemd's; thawd.service needs no Delegate= for that: it
 // only reads the unit's ControlGroup and stats the directory); a child is started straight
 // into a new child cgroup of thawd's own (clone3 CLONE_INTO_CGROUP, so not one of its
-// sockets is made outside it), removed when it has been reaped. The hooks hear each id as it
-// comes and goes. Without a writable cgroup v2 hierarchy the worker runs in thawd's cgroup,
-// the reason is logged once, and the shaper knows the engine by its ports only.
+// sockets is made outside it), removed when it has been reaped. The hooks hear each id, with
+// the ports the worker serves on, as it comes and goes. Without a writable cgroup v2 hierarchy the
+// worker runs in thawd's cgroup, the reason is logged once, and the shaper knows the engine by its
+// ports only.
 #pragma once
 
 #include <sys/types.h>
@@ -38,6 +39,9 @@ struct WorkerSpec {
   std::vector<std::string> argv;  // placeholders already replaced
   std::vector<std::string> env;   // "K=V", added to thawd's environment
   std::uint32_t gpu = 0;
+  // Local ports it serves on (HTTP, its pipeline link): its inference traffic on ingress,
+  // where the classifier cannot see cgroups.
+  std::vector<std::uint16_t> ports;
 };
 
 enum class WorkerState { running, exited, failed, unknown };
@@ -47,11 +51,19 @@ struct WorkerStatus {
   std::string detail;  // "exit 0", "signal 9", "unit inactive"...
 };
 
-// Told of each worker's cgroup v2 id when it starts and when it is gone (from the thread
-// that launches or polls workers, with the launcher's lock held: keep them short).
-struct WorkerCgroupHooks {
-  std::function<void(const std::string& unit, std::uint64_t cgroup_id)> started;
-  std::function<void(const std::string& unit, std::uint64_t cgroup_id)> ended;
+// How the traffic shaper recognises a worker's packets: its own cgroup v2 (egress; 0 when it
+// has none) and the ports it serves on (ingress).
+struct WorkerTraffic {
+  std::uint64_t cgroup_id = 0;
+  std::vector<std::uint16_t> ports;
+  bool operator==(const WorkerTraffic&) const = default;
+};
+
+// Told of each worker's traffic when it starts and when it is gone (from the thread that
+// launches or polls workers, with the launcher's lock held: keep them short).
+struct WorkerTrafficHooks {
+  std::function<void(const std::string& unit, const WorkerTraffic& traffic)> started;
+  std::function<void(const std::string& unit, const WorkerTraffic& traffic)> ended;
 };
 
 // Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a
@@ -80,8 +92,8 @@ class WorkerLauncher {
   WorkerStatus status(const std::string& unit);
   // GPUs with a running worker (for the coordinator's "shares a GPU").
   std::vector<std::uint32_t> busy_gpus();
-  // Registers where each worker's cgroup id goes (the traffic shaper); set before launching.
-  void set_cgroup_hooks(WorkerCgroupHooks hooks);
+  // Registers where each worker's traffic goes (the traffic shaper); set before launching.
+  void set_traffic_hooks(WorkerTrafficHooks hooks);
   // The cgroup id a running worker's traffic carries; 0 when it has none of its own.
   std::uint64_t cgroup_id(const std::string& unit);
 
@@ -94,14 +106,15 @@ class WorkerLauncher {
     std::uint32_t gpu = 0;
     WorkerStatus status;
     std::optional<std::chrono::steady_clock::time_point> kill_at;  // after request_stop
-    bool stopping = false;  // asked to stop: dying of the signal is a clean end
-    std::uint64_t cgroup_id = 0;
+    bool stopping = false;             // asked to stop: dying of the signal is a clean end
+    WorkerTraffic traffic;             // told to the hooks (started), until it ends
     std::filesystem::path cgroup_dir;  // a child's, removed once reaped ("" for units)
   };
   void reap_locked();
   // A new cgroup for a child worker, opened for CLONE_INTO_CGROUP; -1 (said once) when none.
   int make_child_cgroup_locked(const std::string& unit, std::filesystem::path& dir);
-  void registered_locked(const std::string& unit, Child& child);
+  // Finds a unit's cgroup (child.cgroup_dir, else systemd's) and tells the hooks.
+  void registered_locked(const std::string& unit, Child& child, std::vector<std::uint16_t> ports);
   void release_cgroup_locked(const std::string& unit, Child& child);
   void cgroup_unavailable_locked(const std::string& why);
 
@@ -109,7 +122,7 @@ class WorkerLauncher {
   bool use_systemd_;
   std::mutex mutex_;
   std::map<std::string, Child> children_;  // by unit
-  WorkerCgroupHooks hooks_;
+  WorkerTrafficHooks hooks_;
   std::optional<std::filesystem::path> cgroup_parent_;  // resolved at the first launch
   bool cgroup_warned_ = false;
 };

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "common/text/byte_size.hpp"
 #include "daemon/log/log.hpp"
 
@@ -32,6 +34,12 @@ class BpfShaper final : public ShaperBackend {
   }
   std::expected<void, network::ShapingError> remove_inference_cgroup(std::uint64_t id) override {
     return shaper_.remove_inference_cgroup(id);
+  }
+  std::expected<void, network::ShapingError> set_inference_port(std::uint16_t port) override {
+    return shaper_.set_port_class(port, network::TrafficClass::inference);
+  }
+  std::expected<void, network::ShapingError> clear_port(std::uint16_t port) override {
+    return shaper_.clear_port_class(port);
   }
   void stop() override { shaper_.stop(); }
 
@@ -73,6 +81,7 @@ std::expected<std::unique_ptr<NodeShaping>, std::string> NodeShaping::start(
   std::unique_ptr<NodeShaping> s(new NodeShaping());
   s->resolved_ = *resolved;
   s->configured_ = resolved->rates;
+  s->configured_ports_ = settings.inference_ports;
   NetStatus& st = s->status_;
   st.device = resolved->device;
   st.link_bytes_per_s = resolved->link_bytes_per_s;
@@ -238,26 +247,45 @@ std::expected<void, std::string> NodeShaping::apply_coordinator_rates(
   return {};
 }
 
-void NodeShaping::add_worker_cgroup(const std::string& unit, std::uint64_t cgroup_id) {
+void NodeShaping::add_worker(const std::string& unit, std::uint64_t cgroup_id,
+                             const std::vector<std::uint16_t>& ports) {
   std::lock_guard lock(mutex_);
   if (!backend_) return;
-  if (auto ok = backend_->add_inference_cgroup(cgroup_id); !ok) {
-    log(LogLevel::warning,
-        fmt::format("traffic shaping: worker {} (cgroup {}) not classed by its cgroup: {}; its "
-                    "traffic is inference only on network.inference_ports",
-                    unit, cgroup_id, ok.error().message));
-    return;
+  if (cgroup_id != 0) {
+    if (auto ok = backend_->add_inference_cgroup(cgroup_id); !ok) {
+      log(LogLevel::warning,
+          fmt::format("traffic shaping: worker {} (cgroup {}) not classed by its cgroup: {}; its "
+                      "uploads are inference only from network.inference_ports",
+                      unit, cgroup_id, ok.error().message));
+    }
+  }
+  for (std::uint16_t port : ports) {
+    if (auto ok = backend_->set_inference_port(port); !ok) {
+      log(LogLevel::warning, fmt::format("traffic shaping: worker {}'s port {} not inference: {}",
+                                         unit, port, ok.error().message));
+    }
   }
   log(LogLevel::debug,
-      fmt::format("traffic shaping: worker {}'s cgroup {} is inference", unit, cgroup_id));
+      fmt::format("traffic shaping: worker {} (cgroup {}, {} port(s)) is inference", unit,
+                  cgroup_id, ports.size()));
 }
 
-void NodeShaping::remove_worker_cgroup(const std::string& unit, std::uint64_t cgroup_id) {
+void NodeShaping::remove_worker(const std::string& unit, std::uint64_t cgroup_id,
+                                const std::vector<std::uint16_t>& ports) {
   std::lock_guard lock(mutex_);
   if (!backend_) return;
-  if (auto ok = backend_->remove_inference_cgroup(cgroup_id); !ok) {
-    log(LogLevel::warning, fmt::format("traffic shaping: forgetting worker {}'s cgroup {}: {}",
-                                       unit, cgroup_id, ok.error().message));
+  if (cgroup_id != 0) {
+    if (auto ok = backend_->remove_inference_cgroup(cgroup_id); !ok) {
+      log(LogLevel::warning, fmt::format("traffic shaping: forgetting worker {}'s cgroup {}: {}",
+                                         unit, cgroup_id, ok.error().message));
+    }
+  }
+  for (std::uint16_t port : ports) {
+    if (std::ranges::find(configured_ports_, port) != configured_ports_.end()) continue;
+    if (auto ok = backend_->clear_port(port); !ok) {
+      log(LogLevel::warning, fmt::format("traffic shaping: clearing worker {}'s port {}: {}", unit,
+                                         port, ok.error().message));
+    }
   }
 }
 

@@ -35,6 +35,9 @@ class ShaperBackend {
   // Engines' cgroup v2 ids whose packets are inference (the classifier's cgroup map).
   virtual std::expected<void, network::ShapingError> add_inference_cgroup(std::uint64_t id) = 0;
   virtual std::expected<void, network::ShapingError> remove_inference_cgroup(std::uint64_t id) = 0;
+  // Local ports whose packets are inference (engines' HTTP and pipeline ports), and back.
+  virtual std::expected<void, network::ShapingError> set_inference_port(std::uint16_t port) = 0;
+  virtual std::expected<void, network::ShapingError> clear_port(std::uint16_t port) = 0;
   virtual void stop() = 0;
   // Per-model byte counters for fetch sockets marked with `id` (none by default).
   virtual std::expected<void, network::ShapingError> add_model(std::uint16_t /*id*/) { return {}; }
@@ -83,10 +86,14 @@ class NodeShaping {
   // shaping they are recorded for status() and the call succeeds: the coordinator cannot
   // know, and there is nothing to fix on its side.
   std::expected<void, std::string> apply_coordinator_rates(const CoordinatorRates& rates);
-  // A worker's cgroup (WorkerLauncher's hooks): its packets are inference while it runs.
-  // Without shaping nothing to do; a failure is logged (its traffic is then classed by port).
-  void add_worker_cgroup(const std::string& unit, std::uint64_t cgroup_id);
-  void remove_worker_cgroup(const std::string& unit, std::uint64_t cgroup_id);
+  // A worker's traffic (WorkerLauncher's hooks): packets of its cgroup (egress) and to its
+  // ports (ingress) are inference while it runs; a port of network.inference_ports stays
+  // inference after. Without shaping nothing to do; a failure is logged (its traffic is then
+  // classed by network.inference_ports only).
+  void add_worker(const std::string& unit, std::uint64_t cgroup_id,
+                  const std::vector<std::uint16_t>& ports);
+  void remove_worker(const std::string& unit, std::uint64_t cgroup_id,
+                     const std::vector<std::uint16_t>& ports);
 
   // The rates a CoordinatorRates means on a link of `link` bytes/s: scaled from the
   // coordinator's B, each class at least 1 byte/s (HTB refuses 0) and its ceiling at most
@@ -101,6 +108,7 @@ class NodeShaping {
   std::unique_ptr<ShaperBackend> backend_;  // null when shaping is off
   ResolvedNetwork resolved_;
   std::array<ClassRates, kNetClassCount> configured_{};
+  std::vector<std::uint16_t> configured_ports_;       // network.inference_ports: never cleared
   NetStatus status_;                                  // all but the counters
   std::map<std::uint16_t, std::string> model_names_;  // registered model ids
 };

@@ -279,13 +279,13 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
   auto server_key = zmqx::load_public_key(c.coordinator_key);
   if (!server_key) return std::unexpected("coordinator.server_key: " + server_key.error());
   workers_ = std::make_unique<WorkerLauncher>(c.state_dir / "workers", sd_booted() > 0);
-  // Each worker's cgroup is inference to the shaper while the worker runs.
-  workers_->set_cgroup_hooks(
-      {[shaping = shaping_.get()](const std::string& unit, std::uint64_t id) {
-         shaping->add_worker_cgroup(unit, id);
+  // Each worker's traffic (its cgroup, its ports) is inference to the shaper while it runs.
+  workers_->set_traffic_hooks(
+      {[shaping = shaping_.get()](const std::string& unit, const WorkerTraffic& t) {
+         shaping->add_worker(unit, t.cgroup_id, t.ports);
        },
-       [shaping = shaping_.get()](const std::string& unit, std::uint64_t id) {
-         shaping->remove_worker_cgroup(unit, id);
+       [shaping = shaping_.get()](const std::string& unit, const WorkerTraffic& t) {
+         shaping->remove_worker(unit, t.cgroup_id, t.ports);
        }});
   tasks_ = std::make_unique<TaskRunner>(
       *service_, *workers_,

@@ -516,6 +516,16 @@ std::expected<void, ShapingError> TrafficShaper::add_inference_cgroup(std::uint6
   return {};
 }
 
+std::expected<void, ShapingError> TrafficShaper::clear_port_class(std::uint16_t port) {
+  Impl& m = *impl_;
+  if (!m.skel)
+    return std::unexpected(err(ShapingErrc::not_running, "traffic shaping is not running"));
+  if (bpf_map_delete_elem(bpf_map__fd(m.skel->maps.port_class), &port) != 0 && errno != ENOENT)
+    return std::unexpected(err(
+        ShapingErrc::bpf, fmt::format("clearing port {}'s class: {}", port, std::strerror(errno))));
+  return {};
+}
+
 std::expected<void, ShapingError> TrafficShaper::remove_inference_cgroup(std::uint64_t cgroup_id) {
   Impl& m = *impl_;
   if (!m.skel)

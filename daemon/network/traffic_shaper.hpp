@@ -115,6 +115,8 @@ class TrafficShaper {
   std::expected<void, ShapingError> remove_model(std::uint16_t model_id);
   // Inference recognition, changeable while running.
   std::expected<void, ShapingError> set_port_class(std::uint16_t port, TrafficClass c);
+  // The port back to unclassed (its packets fall through to marks and cgroups, or other).
+  std::expected<void, ShapingError> clear_port_class(std::uint16_t port);
   std::expected<void, ShapingError> add_inference_cgroup(std::uint64_t cgroup_id);
   // A worker's cgroup that is gone (ids are not reused; the entry would only take a slot).
   std::expected<void, ShapingError> remove_inference_cgroup(std::uint64_t cgroup_id);

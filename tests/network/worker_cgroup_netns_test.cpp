@@ -8,8 +8,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "daemon/agent/worker_launcher.hpp"
@@ -95,14 +99,15 @@ class WorkerCgroupNetns : public testing::Test {
 TEST_F(WorkerCgroupNetns, AnAgentLaunchedWorkersPacketsAreInferenceByItsCgroup) {
   daemon::WorkerLauncher launcher(state_dir_ + "/workers", /*use_systemd=*/false);
   std::vector<std::uint64_t> registered, removed;
-  launcher.set_cgroup_hooks({[&](const std::string&, std::uint64_t id) {
-                               registered.push_back(id);
-                               ASSERT_TRUE(shaper_.add_inference_cgroup(id).has_value());
-                             },
-                             [&](const std::string&, std::uint64_t id) {
-                               removed.push_back(id);
-                               ASSERT_TRUE(shaper_.remove_inference_cgroup(id).has_value());
-                             }});
+  launcher.set_traffic_hooks({[&](const std::string&, const daemon::WorkerTraffic& t) {
+                                registered.push_back(t.cgroup_id);
+                                ASSERT_TRUE(shaper_.add_inference_cgroup(t.cgroup_id).has_value());
+                              },
+                              [&](const std::string&, const daemon::WorkerTraffic& t) {
+                                removed.push_back(t.cgroup_id);
+                                ASSERT_TRUE(
+                                    shaper_.remove_inference_cgroup(t.cgroup_id).has_value());
+                              }});
   const Run engine = run_worker(launcher, fmt::format("thaw-worker-nettest-{}-0", getpid()));
   fmt::print("registered worker (cgroup {}): {} of {} datagrams inference, {} other\n",
              engine.cgroup, engine.inference, kDatagrams, engine.other);
@@ -116,7 +121,7 @@ TEST_F(WorkerCgroupNetns, AnAgentLaunchedWorkersPacketsAreInferenceByItsCgroup) 
   EXPECT_TRUE(ids->empty()) << "the reaped worker's cgroup is still in the classifier's map";
 
   // The control: the same worker, its cgroup not registered, is just other traffic.
-  launcher.set_cgroup_hooks({});
+  launcher.set_traffic_hooks({});
   const Run plain = run_worker(launcher, fmt::format("thaw-worker-nettest-{}-1", getpid()));
   fmt::print("unregistered worker (cgroup {}): {} inference, {} of {} datagrams other\n",
              plain.cgroup, plain.inference, plain.other, kDatagrams);
@@ -124,6 +129,65 @@ TEST_F(WorkerCgroupNetns, AnAgentLaunchedWorkersPacketsAreInferenceByItsCgroup) 
   EXPECT_NE(plain.cgroup, engine.cgroup);
   EXPECT_EQ(plain.inference, 0u);
   EXPECT_GE(plain.other, static_cast<std::uint64_t>(kDatagrams));
+}
+
+// Ingress has no cgroup to go by (tc programs may not ask a socket's cgroup there): packets
+// arriving for a worker are inference by the ports it serves on, told with its cgroup and
+// taken back when it ends.
+TEST_F(WorkerCgroupNetns, PacketsToAWorkersPortsAreInferenceWhileItRuns) {
+  constexpr std::uint16_t kPort = 23999;
+  daemon::WorkerLauncher launcher(state_dir_ + "/workers", /*use_systemd=*/false);
+  launcher.set_traffic_hooks({[&](const std::string&, const daemon::WorkerTraffic& t) {
+                                for (auto p : t.ports)
+                                  ASSERT_TRUE(shaper_.set_port_class(p, TrafficClass::inference));
+                              },
+                              [&](const std::string&, const daemon::WorkerTraffic& t) {
+                                for (auto p : t.ports) ASSERT_TRUE(shaper_.clear_port_class(p));
+                              }});
+  // 20 datagrams from the peer to the node's kPort; the ingress packets counted as inference.
+  auto inference_in = [&] {
+    auto before = shaper_.counters();
+    std::thread peer = in_netns(net_->peer, [] {
+      const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(kPort);
+      inet_pton(AF_INET, "10.77.0.1", &to.sin_addr);
+      char byte = 'x';
+      for (int i = 0; i < 20; ++i)
+        sendto(fd, &byte, 1, 0, reinterpret_cast<const sockaddr*>(&to), sizeof to);
+      ::close(fd);
+    });
+    peer.join();
+    std::this_thread::sleep_for(100ms);
+    auto after = shaper_.counters();
+    EXPECT_TRUE(before && after);
+    return before && after ? after->classes[THAW_DIR_INGRESS][THAW_CLASS_INFERENCE].packets -
+                                 before->classes[THAW_DIR_INGRESS][THAW_CLASS_INFERENCE].packets
+                           : 0;
+  };
+  const std::string unit = fmt::format("thaw-worker-nettest-{}-port", getpid());
+  const std::string end = state_dir_ + "/end";
+  auto launched = launcher.launch(
+      {unit,
+       {"/bin/sh", "-c", fmt::format("while [ ! -e {} ]; do sleep 0.02; done", end)},
+       {},
+       0,
+       {kPort}});
+  ASSERT_TRUE(launched.has_value()) << launched.error();
+  const std::uint64_t running = inference_in();
+  std::filesystem::create_directories(state_dir_);
+  std::ofstream(end) << "";
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (launcher.status(unit).state == daemon::WorkerState::running &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  ASSERT_NE(launcher.status(unit).state, daemon::WorkerState::running);
+  const std::uint64_t ended = inference_in();
+  fmt::print("to the worker's port {}: {} of 20 inference while it runs, {} after it ended\n",
+             kPort, running, ended);
+  EXPECT_EQ(running, 20u);
+  EXPECT_EQ(ended, 0u);
 }
 
 }  // namespace

@@ -269,6 +269,26 @@ TEST_F(TaskRunnerTest, APipelineStageIsWiredToItsPeersAndLayers) {
             "--layers 6-12\n");
 }
 
+// The shaper learns where a worker serves: its HTTP port and its own pipeline link's port
+// (its entry in peers), so requests and activations arriving there are inference.
+TEST_F(TaskRunnerTest, AWorkersServingPortsGoToTheTrafficHooks) {
+  std::vector<std::vector<std::uint16_t>> ports;
+  workers_->set_traffic_hooks(
+      {[&](const std::string&, const WorkerTraffic& t) { ports.push_back(t.ports); }, {}});
+  TaskRunner& r = runner({"/bin/true"});
+  v1::Task t0 = make_task("p-1/0/launch-worker", v1::TASK_LAUNCH_WORKER, 0, 2);
+  t0.add_peers("10.0.0.1:29500");
+  t0.add_peers("10.0.0.2:29501");
+  t0.set_http_port(23456);
+  v1::Task t1 = t0;
+  t1.set_id("p-1/1/launch-worker");
+  t1.set_stage(1);
+  t1.set_http_port(0);
+  EXPECT_NE(r.start(t0).state(), v1::TASK_FAILED);
+  EXPECT_NE(r.start(t1).state(), v1::TASK_FAILED);
+  EXPECT_EQ(ports, (std::vector<std::vector<std::uint16_t>>{{23456, 29500}, {29501}}));
+}
+
 TEST_F(TaskRunnerTest, AStandaloneWorkerIsAPipelineOfOneWithTheWholeModelInItsOwnUnit) {
   const auto out = dir_.path() / "alone.txt";
   TaskRunner& r =

@@ -61,17 +61,23 @@ TEST(WorkerLauncher, AChildWorkerRunsInItsOwnCgroupUntilItIsReaped) {
   const auto out = dir.path() / "cgroup.txt";
   WorkerLauncher launcher(dir.path() / "workers", /*use_systemd=*/false);
   std::vector<std::pair<std::string, std::uint64_t>> started, gone;
-  launcher.set_cgroup_hooks(
-      {[&](const std::string& unit, std::uint64_t id) { started.emplace_back(unit, id); },
-       [&](const std::string& unit, std::uint64_t id) { gone.emplace_back(unit, id); }});
+  std::vector<std::vector<std::uint16_t>> ports;
+  launcher.set_traffic_hooks({[&](const std::string& unit, const WorkerTraffic& t) {
+                                started.emplace_back(unit, t.cgroup_id);
+                                ports.push_back(t.ports);
+                              },
+                              [&](const std::string& unit, const WorkerTraffic& t) {
+                                gone.emplace_back(unit, t.cgroup_id);
+                                ports.push_back(t.ports);
+                              }});
   const std::string unit = fmt::format("thaw-worker-cgtest-{}", getpid());
   // The worker reads its own cgroup as its first act, then waits to be told to end.
-  ASSERT_TRUE(
-      launcher
-          .launch(shell(unit, fmt::format("cat /proc/self/cgroup > {}.tmp && mv {}.tmp {}; "
-                                          "while [ ! -e {}.end ]; do sleep 0.02; done",
-                                          out.string(), out.string(), out.string(), out.string())))
-          .has_value());
+  WorkerSpec spec =
+      shell(unit, fmt::format("cat /proc/self/cgroup > {}.tmp && mv {}.tmp {}; "
+                              "while [ ! -e {}.end ]; do sleep 0.02; done",
+                              out.string(), out.string(), out.string(), out.string()));
+  spec.ports = {23001, 23002};  // where it would serve: told with the cgroup, both times
+  ASSERT_TRUE(launcher.launch(spec).has_value());
   ASSERT_TRUE(until([&] { return std::filesystem::exists(out); }));
   const auto cgroup_dir = *parent / unit;
   auto id = cgroup_id_of(cgroup_dir);
@@ -87,6 +93,7 @@ TEST(WorkerLauncher, AChildWorkerRunsInItsOwnCgroupUntilItIsReaped) {
   ASSERT_TRUE(until([&] { return launcher.status(unit).state != WorkerState::running; }));
   ASSERT_EQ(gone.size(), 1u);
   EXPECT_EQ(gone[0], std::make_pair(unit, *id));
+  EXPECT_EQ(ports, (std::vector<std::vector<std::uint16_t>>{{23001, 23002}, {23001, 23002}}));
   EXPECT_EQ(launcher.cgroup_id(unit), 0u);
   EXPECT_FALSE(std::filesystem::exists(cgroup_dir));
 }
@@ -119,8 +126,9 @@ TEST(WorkerLauncher, ATransientUnitsCgroupIsTheOneSystemdReports) {
   std::vector<std::uint64_t> started, gone;
   {
     WorkerLauncher launcher(dir.path() / "workers", /*use_systemd=*/true);
-    launcher.set_cgroup_hooks({[&](const std::string&, std::uint64_t id) { started.push_back(id); },
-                               [&](const std::string&, std::uint64_t id) { gone.push_back(id); }});
+    launcher.set_traffic_hooks(
+        {[&](const std::string&, const WorkerTraffic& t) { started.push_back(t.cgroup_id); },
+         [&](const std::string&, const WorkerTraffic& t) { gone.push_back(t.cgroup_id); }});
     ASSERT_TRUE(launcher.launch(shell(unit, "true")).has_value());
     auto id = cgroup_id_of(cgroup_dir);
     ASSERT_TRUE(id.has_value()) << id.error();

@@ -22,6 +22,7 @@ struct Recorded {
   std::vector<std::array<network::ClassRate, network::kTrafficClassCount>> rates;
   int stops = 0;
   std::vector<std::uint64_t> cgroups;  // inference cgroups now registered
+  std::vector<std::uint16_t> ports;    // inference ports now set
 };
 
 class FakeShaper : public ShaperBackend {
@@ -52,6 +53,14 @@ class FakeShaper : public ShaperBackend {
   }
   std::expected<void, network::ShapingError> remove_inference_cgroup(std::uint64_t id) override {
     std::erase(r_.cgroups, id);
+    return {};
+  }
+  std::expected<void, network::ShapingError> set_inference_port(std::uint16_t port) override {
+    r_.ports.push_back(port);
+    return {};
+  }
+  std::expected<void, network::ShapingError> clear_port(std::uint16_t port) override {
+    std::erase(r_.ports, port);
     return {};
   }
   void stop() override { ++r_.stops; }
@@ -87,16 +96,21 @@ TEST(NodeShaping, StartsTheShaperWithTheResolvedRatesAndStopsIt) {
   EXPECT_EQ(rec.stops, 1);
 }
 
-TEST(NodeShaping, WorkersCgroupsAreInferenceWhileTheyRun) {
+TEST(NodeShaping, WorkersCgroupsAndPortsAreInferenceWhileTheyRun) {
   Recorded rec;
-  auto s = NodeShaping::start(NetworkSettings{}, Probe{}, std::make_unique<FakeShaper>(rec));
+  NetworkSettings settings;
+  settings.inference_ports = {8000};  // the operator's: stays inference whatever workers do
+  auto s = NodeShaping::start(settings, Probe{}, std::make_unique<FakeShaper>(rec));
   ASSERT_TRUE(s);
-  (*s)->add_worker_cgroup("thaw-worker-p-1-0", 41);
-  (*s)->add_worker_cgroup("thaw-worker-p-1-1", 42);
-  (*s)->add_worker_cgroup("thaw-worker-p-1-2", 666);  // refused by the map: logged, no throw
+  (*s)->add_worker("thaw-worker-p-1-0", 41, {20001, 20002});
+  (*s)->add_worker("thaw-worker-p-1-1", 42, {});
+  (*s)->add_worker("thaw-worker-p-1-2", 666, {8000});  // cgroup refused by the map: logged
   EXPECT_EQ(rec.cgroups, (std::vector<std::uint64_t>{41, 42}));
-  (*s)->remove_worker_cgroup("thaw-worker-p-1-0", 41);
+  EXPECT_EQ(rec.ports, (std::vector<std::uint16_t>{20001, 20002, 8000}));
+  (*s)->remove_worker("thaw-worker-p-1-0", 41, {20001, 20002});
+  (*s)->remove_worker("thaw-worker-p-1-2", 0, {8000});
   EXPECT_EQ(rec.cgroups, std::vector<std::uint64_t>{42});
+  EXPECT_EQ(rec.ports, std::vector<std::uint16_t>{8000});
 
   // Without shaping there is nothing to register with.
   Recorded off;
@@ -104,8 +118,9 @@ TEST(NodeShaping, WorkersCgroupsAreInferenceWhileTheyRun) {
   probe.missing = "CAP_BPF";
   auto unshaped = NodeShaping::start(NetworkSettings{}, probe, std::make_unique<FakeShaper>(off));
   ASSERT_TRUE(unshaped);
-  (*unshaped)->add_worker_cgroup("thaw-worker-p-1-0", 41);
+  (*unshaped)->add_worker("thaw-worker-p-1-0", 41, {20001});
   EXPECT_TRUE(off.cgroups.empty());
+  EXPECT_TRUE(off.ports.empty());
 }
 
 TEST(NodeShaping, WithoutCapabilitiesItRunsWithoutTheShaperAndSaysWhy) {
