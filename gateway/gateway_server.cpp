@@ -263,6 +263,9 @@ void GatewayServer::install_handlers() {
     if (options_.api_keys && req.path != "/health" && req.path != "/ready" &&
         !options_.api_keys->accepts(req.get_header_value("Authorization"))) {
       res.set_header("WWW-Authenticate", "Bearer");
+      // The body is not read: the connection cannot carry another request (its bytes would
+      // be taken for one), so the client is told to close it.
+      res.set_header("Connection", "close");
       send_error(res, 401,
                  req.has_header("Authorization")
                      ? "incorrect API key: send Authorization: Bearer KEY with a key of this "
@@ -274,6 +277,7 @@ void GatewayServer::install_handlers() {
     if (req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
+    res.set_header("Connection", "close");  // the body is not read (as for a 401)
     send_error(res, 411,
                "chunked request bodies are not accepted: send the body with a Content-Length",
                "invalid_request_error", "length_required");

@@ -496,6 +496,7 @@ TEST_F(GatewayHttpTest, ChunkedBodiesAreRefusedBeforeTheyAreRead) {
   }
   ::close(fd);
   EXPECT_TRUE(answer.starts_with("HTTP/1.1 411")) << answer;
+  EXPECT_NE(answer.find("Connection: close"), std::string::npos) << answer;
   EXPECT_NE(answer.find("length_required"), std::string::npos) << answer;
   EXPECT_EQ(worker.requests.load(), 0);
 }
@@ -722,6 +723,8 @@ TEST_F(GatewayHttpTest, ApiKeysGuardTheApiButNotHealth) {
   EXPECT_EQ(none->status, 401);
   EXPECT_EQ(error_of(none).value("code", json()), "invalid_api_key");
   EXPECT_EQ(none->get_header_value("WWW-Authenticate"), "Bearer");
+  // Its body was not read, so the connection must not carry another request.
+  EXPECT_EQ(none->get_header_value("Connection"), "close");
   for (const char* wrong : {"Bearer first-key-012345678", "Bearer first-key-0123456789x",
                             "Basic Zmlyc3Qta2V5LTAxMjM0NTY3ODk=", "first-key-0123456789", "Bearer ",
                             "Bearer first-key-0123456789 second-key-0123456789"}) {
