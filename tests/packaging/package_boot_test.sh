@@ -4,8 +4,8 @@
 # → busctl as an unprivileged user and as a member of group thaw → thawctl fetch / prewarm /
 # slots → the reference engine under LD_PRELOAD=libthaw-preload.so (by name) gets its weights
 # from thawd's slot → systemctl reload → systemctl stop gives the GPU memory back →
-# thaw-gateway.service (a dynamic user, an API key as a credential) answers /health, 401 and a
-# JSON 404 → apt purge leaves nothing behind (a diff of the root, users, groups and units
+# thaw-gateway.service (a dynamic user; an API key, certificate and TLS key as credentials)
+# answers /health over HTTPS, 401 and a JSON 404 → apt purge leaves nothing behind (a diff of the root, users, groups and units
 # before and after).
 #
 #   package_boot_test.sh --debs DIR --build DIR [--keep]
@@ -120,6 +120,10 @@ mkdir -p "$T/in/registry" "$T/in/engine"
   fail "thaw-genmodel makes the test model"
 cp "${thaw_deb[0]}" "${emu_deb[0]}" "${coord_deb[0]}" "${gateway_deb[0]}" "${dev_deb[0]}" "$T/in/"
 cp "$REFENGINE" "$TWINS" "$T/in/engine/"
+# The gateway's TLS certificate (the root has no openssl CLI).
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 \
+  -addext subjectAltName=IP:127.0.0.1 -keyout "$T/in/gateway.key" -out "$T/in/gateway.crt" \
+  >/dev/null 2>&1 || fail "openssl makes a certificate for the gateway"
 expect "the packages, a model and the reference engine are copied in" \
   "$B" copy-in "$W" "$T/in" /srv/thaw-test
 inside sh -c 'chmod -R a+rX /srv/thaw-test' || fail "chmod /srv/thaw-test"
@@ -242,25 +246,29 @@ ok "stop: $released; the device had $((free_on >> 20)) MiB free while thawd ran,
 
 # ------------------------------------------------------------------------------ gateway
 # Installed, not enabled; configured the way README.Debian says: routes in gateway.env, an API
-# key file (mode 600, root's) handed to the dynamic user as a credential.
+# key file and a TLS certificate and key (mode 600, root's) handed to the dynamic user as
+# credentials.
 gw_key=thaw-test-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 [[ $(inside systemctl is-enabled thaw-gateway.service) == disabled && $(inside systemctl is-active thaw-gateway.service) != active ]] ||
   fail "thaw-gateway.service is installed but neither enabled nor started"
 ok "thaw-gateway.service installed, disabled, not started"
+creds=/run/credentials/thaw-gateway.service
 inside sh -c "umask 077 && echo '$gw_key' >/etc/thaw/gateway.keys &&
-  sed -i 's|^THAW_GATEWAY_ARGS=.*|THAW_GATEWAY_ARGS=\"--route tiny=http://127.0.0.1:9 --listen 127.0.0.1:8080 --api-key-file /run/credentials/thaw-gateway.service/api-keys\"|' /etc/thaw/gateway.env &&
+  cp /srv/thaw-test/gateway.crt /srv/thaw-test/gateway.key /etc/thaw/ &&
+  sed -i 's|^THAW_GATEWAY_ARGS=.*|THAW_GATEWAY_ARGS=\"--route tiny=http://127.0.0.1:9 --listen 127.0.0.1:8443 --api-key-file $creds/api-keys --tls-cert $creds/tls-cert --tls-key $creds/tls-key\"|' /etc/thaw/gateway.env &&
   mkdir -p /etc/systemd/system/thaw-gateway.service.d &&
-  printf '[Service]\nLoadCredential=api-keys:/etc/thaw/gateway.keys\n' >/etc/systemd/system/thaw-gateway.service.d/keys.conf &&
-  systemctl daemon-reload" || fail "configuring thaw-gateway (routes, API key credential)"
+  printf '[Service]\nLoadCredential=api-keys:/etc/thaw/gateway.keys\nLoadCredential=tls-cert:/etc/thaw/gateway.crt\nLoadCredential=tls-key:/etc/thaw/gateway.key\n' >/etc/systemd/system/thaw-gateway.service.d/credentials.conf &&
+  systemctl daemon-reload" || fail "configuring thaw-gateway (routes, API key and TLS credentials)"
+gw_curl() { inside curl -s --cacert /srv/thaw-test/gateway.crt -w ' %{http_code}' "$@"; }
 expect "systemctl start thaw-gateway" inside systemctl start thaw-gateway.service
 health=""
 for _ in $(seq 50); do
-  health=$(inside curl -s -w ' %{http_code}' http://127.0.0.1:8080/health 2>/dev/null) && [[ $health == *' 200' ]] && break
+  health=$(gw_curl https://127.0.0.1:8443/health 2>/dev/null) && [[ $health == *' 200' ]] && break
   sleep 0.1
 done
 [[ $health == '{"status":"ok"} 200' ]] ||
-  fail "GET /health answers 200 without a key" "$health" "$(inside journalctl -u thaw-gateway --no-pager -o cat | tail -5)"
-ok "thaw-gateway.service: GET /health 200 $health"
+  fail "GET https://.../health answers 200 without a key" "$health" "$(inside journalctl -u thaw-gateway --no-pager -o cat | tail -5)"
+ok "thaw-gateway.service: GET https://127.0.0.1:8443/health (certificate verified) $health"
 gw_pid=$(inside systemctl show -p MainPID --value thaw-gateway.service)
 gw_user=$(inside ps -o user= -p "$gw_pid" | tr -d ' ')
 gw_caps=$(inside grep CapEff "/proc/$gw_pid/status" | awk '{print $2}')
@@ -268,16 +276,16 @@ gw_caps=$(inside grep CapEff "/proc/$gw_pid/status" | awk '{print $2}')
   fail "the gateway runs as a dynamic user without capabilities" "user $gw_user, CapEff $gw_caps"
 ok "the gateway runs as $gw_user (dynamic), CapEff $gw_caps"
 body='{"model":"nope","prompt":"hi"}'
-out=$(inside curl -s -w ' %{http_code}' -H 'Content-Type: application/json' -d "$body" http://127.0.0.1:8080/v1/completions)
+out=$(gw_curl -H 'Content-Type: application/json' -d "$body" https://127.0.0.1:8443/v1/completions)
 [[ $out == *'"code":"invalid_api_key"'*' 401' ]] || fail "POST /v1/completions without a key is 401 invalid_api_key" "$out"
 ok "no key: $out"
-out=$(inside curl -s -w ' %{http_code}' -H "Authorization: Bearer $gw_key" -H 'Content-Type: application/json' -d "$body" http://127.0.0.1:8080/v1/completions)
+out=$(gw_curl -H "Authorization: Bearer $gw_key" -H 'Content-Type: application/json' -d "$body" https://127.0.0.1:8443/v1/completions)
 [[ $out == *'"code":"model_not_found"'*' 404' ]] || fail "an unknown model is a JSON 404 with the key" "$out"
 ok "the key, an unknown model: $out"
 expect "systemctl stop thaw-gateway" inside systemctl stop thaw-gateway.service
 [[ $(inside systemctl show -p Result --value thaw-gateway.service) == success ]] || fail "thaw-gateway stopped cleanly (Result=success)"
-inside sh -c 'rm -rf /etc/systemd/system/thaw-gateway.service.d /etc/thaw/gateway.keys && systemctl daemon-reload' ||
-  fail "removing the gateway's drop-in and key file"
+inside sh -c 'rm -rf /etc/systemd/system/thaw-gateway.service.d /etc/thaw/gateway.keys /etc/thaw/gateway.crt /etc/thaw/gateway.key && systemctl daemon-reload' ||
+  fail "removing the gateway's drop-in, key file and certificate"
 
 # ------------------------------------------------------------------------------ purge
 # What the test itself added goes first (the alice's drop-in and user are theirs to remove).
