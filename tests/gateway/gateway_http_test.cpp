@@ -595,7 +595,11 @@ TEST_F(GatewayHttpTest, IdleAndSlowConnectionsDoNotStallOthers) {
   done = true;
   dripper.join();
   for (int fd : slow) ::close(fd);
+#if defined(__SANITIZE_ADDRESS__)
+  (void)rss0;  // ASan's quarantine and per-thread caches: checked in the default build
+#else
   EXPECT_LT(rss_bytes(), rss0 + (64u << 20)) << "memory grew with idle connections";
+#endif
 }
 
 // 300 clients connecting at once: none waits for a SYN to be resent (1 s), which is what a
