@@ -33,7 +33,8 @@ std::string errno_text(const char* what, std::uint64_t value) {
 
 std::expected<FetchWindow, std::string> clamp_fetch_window(int fd, std::uint64_t rate_bytes_per_s,
                                                            std::uint64_t floor_bytes,
-                                                           std::uint32_t rtt_us) {
+                                                           std::uint32_t rtt_us,
+                                                           std::uint32_t min_segments) {
   tcp_info info{};
   socklen_t len = sizeof info;
   if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) {
@@ -46,7 +47,8 @@ std::expected<FetchWindow, std::string> clamp_fetch_window(int fd, std::uint64_t
   w.rtt_us = std::max(w.rtt_us, kFetchWindowMinRttUs);
   // Never below three segments, whatever the floor: a window under one segment stalls the
   // sender on its persist timer (loopback's 64 KB segments did, 300 KB took 10 s).
-  std::uint64_t floor = std::max<std::uint64_t>(floor_bytes, 3ull * info.tcpi_advmss);
+  std::uint64_t floor =
+      std::max<std::uint64_t>(floor_bytes, std::uint64_t{min_segments} * info.tcpi_advmss);
   w.bytes = thaw_fetch_window_bytes(rate_bytes_per_s, w.rtt_us, floor);
   int value = static_cast<int>(std::min<std::uint64_t>(w.bytes, std::numeric_limits<int>::max()));
   if (setsockopt(fd, IPPROTO_TCP, TCP_WINDOW_CLAMP, &value, sizeof value) != 0)
@@ -100,13 +102,25 @@ std::uint64_t FetchWindows::rate_for_locked(int traffic_class) const {
   return fetch_window_rate(traffic_class, critical, background, rates_);
 }
 
+std::expected<FetchWindow, std::string> FetchWindows::clamp_locked(int fd, int traffic_class,
+                                                                   std::uint64_t rate,
+                                                                   std::uint32_t rtt_us) const {
+  bool yielding = false;
+  if (traffic_class == kWindowClassBackground) {
+    for (const auto& [id, e] : entries_)
+      yielding = yielding || e.live.traffic_class == kWindowClassCritical;
+  }
+  if (yielding) return clamp_fetch_window(fd, rate, 0, rtt_us, kYieldWindowSegments);
+  return clamp_fetch_window(fd, rate, kFetchWindowFloorBytes, rtt_us);
+}
+
 std::expected<void, std::string> FetchWindows::reclamp_locked(std::uint64_t except_id) {
   std::expected<void, std::string> result;
   for (auto& [id, e] : entries_) {
     if (id == except_id) continue;
     const std::uint64_t rate = rate_for_locked(e.live.traffic_class);
     if (rate == 0 || rate == e.rate) continue;
-    auto w = clamp_fetch_window(e.live.fd, rate, kFetchWindowFloorBytes, e.live.window.rtt_us);
+    auto w = clamp_locked(e.live.fd, e.live.traffic_class, rate, e.live.window.rtt_us);
     if (!w) {
       ++reclamp_errors_;
       last_error_ = w.error();
@@ -128,7 +142,7 @@ std::expected<FetchWindows::Registration, std::string> FetchWindows::add(int fd,
   entries_.emplace(id, e);
   Entry& added = entries_.at(id);
   if (const std::uint64_t rate = rate_for_locked(traffic_class); rate != 0) {
-    auto w = clamp_fetch_window(fd, rate);
+    auto w = clamp_locked(fd, traffic_class, rate, 0);
     if (!w) {
       entries_.erase(id);
       return std::unexpected(w.error());

@@ -492,7 +492,7 @@ TEST_F(ShaperNetns, BackgroundYieldsToCriticalWithinOneSecond) {
   // to three measurements, each printed; without HTB's priority (one FIFO) the two flows
   // would split about evenly, so a retry cannot hide a broken shaper.
   FetchWindows windows(window_rates(settings_));
-  double bg_alone = 0, link = 0, crit_share = 0, crit_rate = 0, bg_rate = 0;
+  double bg_alone = 0, link = 0, crit_share = 0, crit_rate = 0, bg_rate = 0, bg_after = 0;
   for (int attempt = 1; attempt <= 3; ++attempt) {
     const auto port = static_cast<std::uint16_t>(9020 + 2 * attempt);
     Fetch bg(*net_, port, socket_mark(TrafficClass::background_fetch, 21), &windows);
@@ -500,7 +500,9 @@ TEST_F(ShaperNetns, BackgroundYieldsToCriticalWithinOneSecond) {
     std::this_thread::sleep_for(1500ms);
     bg_alone = rate_over(bg, 500ms);
     print_windows(windows);
-    Fetch crit(*net_, port + 1, socket_mark(TrafficClass::critical_fetch, 22), &windows);
+    std::optional<Fetch> crit_fetch;
+    crit_fetch.emplace(*net_, port + 1, socket_mark(TrafficClass::critical_fetch, 22), &windows);
+    Fetch& crit = *crit_fetch;
     ASSERT_TRUE(crit.connected()) << crit.window_error();
     print_windows(windows);
     std::this_thread::sleep_for(1000ms);
@@ -523,16 +525,26 @@ TEST_F(ShaperNetns, BackgroundYieldsToCriticalWithinOneSecond) {
     crit_share = wire(THAW_CLASS_CRITICAL_FETCH) / link;
     crit_rate = (crit.bytes() - c0) / secs;
     bg_rate = (bg.bytes() - g0) / secs;
+    // The critical fetch ends: the background one's window is re-clamped to its ceiling and it
+    // must take the link back (a window it yielded must not leave it stalled).
+    crit_fetch.reset();
+    std::this_thread::sleep_for(500ms);
+    bg_after = rate_over(bg, 500ms);
     fmt::print(
         "attempt {}: background alone {:.2f} MB/s; from 1 s to 2 s after a critical fetch "
         "starts: the link carried {:.2f} MB/s, {:.1f} % of it critical; payload received: "
-        "critical {:.2f} MB/s, background {:.2f} MB/s\n",
-        attempt, bg_alone / 1e6, link / 1e6, 100 * crit_share, crit_rate / 1e6, bg_rate / 1e6);
-    if (bg_alone >= 0.8 * kShaped && crit_share >= 0.9 && crit_rate >= 0.8 * kShaped) break;
+        "critical {:.2f} MB/s, background {:.2f} MB/s; background 0.5-1 s after it ended "
+        "{:.2f} MB/s\n",
+        attempt, bg_alone / 1e6, link / 1e6, 100 * crit_share, crit_rate / 1e6, bg_rate / 1e6,
+        bg_after / 1e6);
+    if (bg_alone >= 0.8 * kShaped && crit_share >= 0.9 && crit_rate >= 0.8 * kShaped &&
+        bg_after >= 0.8 * kShaped)
+      break;
   }
   EXPECT_GE(bg_alone, 0.8 * kShaped) << "alone, background should use the idle link";
   EXPECT_GE(crit_share, 0.9);
   EXPECT_GE(crit_rate, 0.8 * kShaped) << "critical should get the link, not just a share of it";
+  EXPECT_GE(bg_after, 0.8 * kShaped) << "background should take the link back once critical ends";
 }
 
 TEST_F(ShaperNetns, ReclampOfALiveFetchShrinksItsAdvertisedWindowPromptly) {
