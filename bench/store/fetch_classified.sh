@@ -7,14 +7,17 @@
 # under the model's name in the per-model counters, and no class dropped a packet. Needs root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON) and
 # build/default's thawd and thawctl.
 #
-# Usage: bench/store/fetch_classified.sh [--link 1.25GB]
+# Usage: bench/store/fetch_classified.sh [--link 1.25GB] [--no-clamp]
+#   --no-clamp  [network] clamp_fetch_windows = false: the kernel's receive windows
 # shellcheck source=bench/store/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 LINK=1.25GB
+CLAMP=true
 while [[ $# -gt 0 ]]; do
   case $1 in
     --link) LINK=$2; shift 2 ;;
+    --no-clamp) CLAMP=false; shift ;;
     *) die "unknown argument $1" ;;
   esac
 done
@@ -47,6 +50,7 @@ bus = "unix:path=$WORK/bus"
 shaping = true
 uplink = "$NODE_IF"
 link_rate = "$LINK"
+clamp_fetch_windows = $CLAMP
 TOML
 ip netns exec "${NS_PREFIX}n" sh -c 'mount -t bpf bpf /sys/fs/bpf && exec "$0" --config "$1"' \
   "$B/daemon/cli/thawd" "$WORK/thawd.toml" >"$WORK/thawd.log" 2>&1 &
@@ -60,7 +64,7 @@ t0=$(now)
 "${THAWCTL[@]}" fetch "$MODEL_NAME" >/dev/null 2>&1 || die "fetch failed: $(tail -5 "$WORK/thawd.log")"
 T=$(elapsed "$t0" "$(now)")
 echo
-echo "== thawd shaping $NODE_IF at $LINK/s; Fetch of $MODEL_NAME ($MODEL_BYTES bytes) in $T s =="
+echo "== thawd shaping $NODE_IF at $LINK/s (clamp_fetch_windows = $CLAMP); Fetch of $MODEL_NAME ($MODEL_BYTES bytes) in $T s =="
 "${THAWCTL[@]}" net
 "${THAWCTL[@]}" --json net >"$WORK/net.json"
 /usr/bin/python3 - "$WORK/net.json" "$MODEL_BYTES" <<'PY'
