@@ -598,8 +598,12 @@ void ClusterState::on_gateway_demand(const std::string& model, const GatewayDema
     record.plan.set_scale_up(group > 1);
   }
   // Groups not yet consolidating: how many workers each should end as. The load beyond what
-  // standalone workers carry is spread over them; more than one each is a scale-up.
-  const double load = demand.concurrent_requests + demand.queue_length;
+  // standalone workers carry is spread over them; more than one each is a scale-up. A gateway
+  // counts a held request as in flight too (from its arrival: thaw-gateway's Router::InFlight),
+  // so the queue is part of the concurrency, not added to it: 12 held requests are 2 workers'
+  // load at 8 each, not 3 (the queue alone counts for a reporter that leaves held ones out).
+  const double load =
+      std::max(demand.concurrent_requests, static_cast<double>(demand.queue_length));
   const auto workers_for_load = static_cast<std::uint32_t>(std::ceil(load / batch));
   if (!pipelined.empty() && workers_for_load > standalone) {
     const std::uint32_t per_group =

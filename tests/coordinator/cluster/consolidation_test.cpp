@@ -607,6 +607,20 @@ TEST(Consolidation, TheSlidingWindowStartsGroupsForTheQueueAndThePreviousWindow)
   EXPECT_EQ(h.state.plans().size(), 2u);
 }
 
+// thaw-gateway reports a held request both in its queue and as in flight: 12 held requests
+// (queue 12, concurrent 12) are 12 requests' load — two workers at 8 each, not three.
+TEST(Consolidation, HeldRequestsAreCountedOnceInAGroupsWorkers) {
+  Harness h(config(), 0.035);  // (2, 2)
+  h.cold_start();
+  std::vector<Outbound> out;
+  h.state.on_gateway_demand("llama", {.queue_length = 12, .concurrent_requests = 12}, 0.5, out);
+  EXPECT_EQ(h.state.plans().at(h.plan_id).wanted, 2u);
+  // Once they are on the pipeline, 20 in flight: three.
+  h.state.on_gateway_demand("llama", {.queue_length = 0, .concurrent_requests = 20}, 0.6, out);
+  EXPECT_EQ(h.state.plans().at(h.plan_id).wanted, 3u);
+  EXPECT_EQ(h.state.plans().size(), 1u);
+}
+
 TEST(Consolidation, AnIdleConsolidatedGroupIsReleasedAfterTheKeepAlive) {
   ClusterConfig c = config();
   c.keep_alive_s = 30;
