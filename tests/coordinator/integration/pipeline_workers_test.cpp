@@ -310,6 +310,9 @@ class PipelineWorkers : public ::testing::Test {
   std::string node_endpoint_, frontend_;
   pid_t coordinator_ = -1;
   std::vector<std::unique_ptr<Node>> nodes_;
+  void burst_scales_up(std::uint32_t stages, int burst, double slo_share,
+                       const std::vector<std::string>& coordinator_flags = {});
+
   // For the nodes add_node starts next: the shim ("" : workers without it) and how long a
   // standalone worker waits before it starts.
   std::string worker_preload_ = THAW_PRELOAD_LIB;
@@ -546,23 +549,25 @@ namespace {
 
 // Scale-up (HydraServe §6.1) driven the way production drives it: a burst of requests reaches
 // thaw-gateway for a model with no worker; the gateway holds them, asks for one cold start and
-// reports its queue every window; the coordinator's sliding window then wants two workers
-// (12 requests, 8 a worker) from the group. With a TPOT SLO that only full-memory stages meet
-// (t_d 20 ms, TPOT 25 ms: (2, 1) gives 30 ms, (2, 2) 20 ms), Alg. 1 plans two full-memory
-// stages, so the pipeline ends as two independent whole-model workers, one per node, both
-// serving and both answering one worker's tokens; the pipeline itself is stopped.
-TEST_F(PipelineWorkers, ABurstScalesAPp2ColdStartUpToTwoIndependentWorkers) {
+// reports its queue every window; the coordinator's sliding window then wants one worker per
+// 8 held requests from the group. With a TPOT SLO that only full-memory stages meet (t_d
+// 20 ms, TPOT 25 ms: a low-memory stage makes it at least 30 ms), Alg. 1 plans every stage
+// full-memory, so the pipeline ends as `stages` independent whole-model workers, one per
+// node, all serving and all answering one worker's tokens; the pipeline itself is stopped.
+// `slo_share` × M/b is the TTFT SLO that makes Alg. 1 choose `stages`.
+void PipelineWorkers::burst_scales_up(std::uint32_t stages, int burst, double slo_share,
+                                      const std::vector<std::string>& coordinator_flags) {
   // The registry is on loopback: 4 MB/s per node makes the cold start last a few of the
   // gateway's report windows (100 ms), as a real link would.
   max_rate_ = "4MB";
-  start_coordinator();
-  for (const char* id : {"node-a", "node-b"}) add_node(id);
-  ASSERT_TRUE(both_alive()) << diagnostics();
+  start_coordinator(coordinator_flags);
+  for (std::uint32_t k = 0; k < stages; ++k) add_node(fmt::format("node-{}", char('a' + k)));
+  ASSERT_TRUE(both_alive(static_cast<int>(stages))) << diagnostics();
   const std::vector<int> prompt = {464, 2068, 758, 2183, 1804, 625, 262};
   const std::vector<int> expected = single_worker("464,2068,758,2183,1804,625,262", 8);
   ASSERT_EQ(expected.size(), 8u);
 
-  const double slo = 0.7 * static_cast<double>(model_bytes_) / 1e6;
+  const double slo = slo_share * static_cast<double>(model_bytes_) / 1e6;
   auto d = cluster({"deploy", kModel, "--size", std::to_string(model_bytes_), "--layers", "4",
                     "--ttft", std::to_string(slo), "--decode", "0.02", "--tpot", "0.025"});
   ASSERT_EQ(d.exit_code, 0) << d.output;
@@ -592,11 +597,10 @@ TEST_F(PipelineWorkers, ABurstScalesAPp2ColdStartUpToTwoIndependentWorkers) {
       20s))
       << slurp(dir_.path() / "gateway.log");
 
-  // The burst: 12 clients at once, each a greedy completion through the gateway.
-  constexpr int kBurst = 12;
-  std::vector<json> answers(kBurst);
+  // The burst: clients at once, each a greedy completion through the gateway.
+  std::vector<json> answers(static_cast<std::size_t>(burst));
   std::vector<std::thread> clients;
-  for (int i = 0; i < kBurst; ++i) {
+  for (int i = 0; i < burst; ++i) {
     clients.emplace_back([&, i] {
       httplib::Client c(gateway_url);
       c.set_read_timeout(std::chrono::seconds(150));
@@ -612,25 +616,26 @@ TEST_F(PipelineWorkers, ABurstScalesAPp2ColdStartUpToTwoIndependentWorkers) {
     });
   }
   for (std::thread& t : clients) t.join();
-  for (int i = 0; i < kBurst; ++i) {
+  for (int i = 0; i < burst; ++i) {
     ASSERT_TRUE(answers[i].contains("choices"))
         << i << ": " << answers[i].dump() << "\n"
         << slurp(dir_.path() / "gateway.log") << diagnostics();
     EXPECT_EQ(answers[i]["choices"][0]["token_ids"].get<std::vector<int>>(), expected) << i;
   }
 
-  // One cold start (the gateway's), planned as two full-memory stages on two nodes, marked
-  // for scale-up by the gateway's queue report.
+  // One cold start (the gateway's), planned as `stages` full-memory stages on as many nodes,
+  // marked for scale-up by the gateway's queue report.
   json s = state();
   ASSERT_EQ(s["plans"].size(), 1u) << s.dump(2);
   const json p = s["plans"][0];
   const std::string id = p["id"];
-  ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
-  EXPECT_TRUE(p["placement"][0].value("full_memory", false)) << p.dump(2);
-  EXPECT_TRUE(p["placement"][1].value("full_memory", false)) << p.dump(2);
+  ASSERT_EQ(p.value("stages", 0u), stages) << p.dump(2);
+  for (const json& stage : p["placement"]) {
+    EXPECT_TRUE(stage.value("full_memory", false)) << p.dump(2);
+  }
   EXPECT_TRUE(p.value("scale_up", false)) << p.dump(2);
 
-  // The group ends as two standalone workers; the pipeline is stopped.
+  // The group ends as `stages` standalone workers; the pipeline is stopped.
   ASSERT_TRUE(eventually([&] { return plan(id).value("phase", "") == "PHASE_CONSOLIDATED"; }, 120s))
       << diagnostics();
   s = state();
@@ -644,8 +649,8 @@ TEST_F(PipelineWorkers, ABurstScalesAPp2ColdStartUpToTwoIndependentWorkers) {
     nodes.insert(stage.value("node_id", ""));
     urls.insert(stage.value("standalone_url", ""));
   }
-  EXPECT_EQ(nodes.size(), 2u) << done.dump(2);
-  ASSERT_EQ(urls.size(), 2u) << done.dump(2);
+  EXPECT_EQ(nodes.size(), stages) << done.dump(2);
+  ASSERT_EQ(urls.size(), stages) << done.dump(2);
   // Each is a whole model on its own: the same tokens as one worker, asked directly.
   for (const std::string& url : urls) {
     ASSERT_FALSE(url.empty()) << done.dump(2);
@@ -664,13 +669,31 @@ TEST_F(PipelineWorkers, ABurstScalesAPp2ColdStartUpToTwoIndependentWorkers) {
       EXPECT_TRUE(t.value("worker_ready", false)) << t.dump(2);
     }
   }
-  EXPECT_EQ(standalone_launches, 2) << s.dump(2);
+  EXPECT_EQ(standalone_launches, static_cast<int>(stages)) << s.dump(2);
   // The pipeline's stage 0 no longer answers.
   const std::string pipeline =
       fmt::format("http://127.0.0.1:{}", done["placement"][0].value("http_port", 0));
   httplib::Client gone(pipeline);
   gone.set_connection_timeout(std::chrono::milliseconds(300));
   EXPECT_FALSE(gone.Get("/health")) << "the pipeline's stage 0 still answers";
+}
+
+}  // namespace
+}  // namespace thaw::testing
+
+namespace thaw::testing {
+namespace {
+
+// 12 requests, 8 a worker: two workers from a PP=2 group (TTFT SLO 0.7 M/b).
+TEST_F(PipelineWorkers, ABurstScalesAPp2ColdStartUpToTwoIndependentWorkers) {
+  burst_scales_up(2, 12, 0.7);
+}
+
+// 28 requests: four workers from a PP=4 group; start-up costs fixed at 0 so that only the
+// fetch decides Alg. 1 (TTFT SLO 0.3 M/b: four stages and no fewer, as in the PP=4 test).
+TEST_F(PipelineWorkers, ABurstScalesAPp4ColdStartUpToFourIndependentWorkers) {
+  burst_scales_up(4, 28, 0.3,
+                  {"--t-cc", "0", "--t-cu", "0", "--t-l", "0", "--fixed-startup-costs"});
 }
 
 }  // namespace
