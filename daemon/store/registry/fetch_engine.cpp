@@ -424,8 +424,13 @@ std::unique_ptr<FetchPart> FetchEngine::detach_active(FetchPart* part) {
   std::unique_ptr<FetchPart> owned = std::move(*it);
   active_.erase(it);
   curl_multi_remove_handle(multi_.get(), owned->easy.get());
+  unregister_window(*owned);
   release_slot(owned->request->spec.file);
   return owned;
+}
+
+void FetchEngine::unregister_window(const FetchPart& part) {
+  std::erase_if(window_registrations_, [&](const auto& r) { return r.second.part == &part; });
 }
 
 void FetchEngine::finish_http(FetchPart* raw, CURLcode result, FetchClock::time_point now) {
@@ -498,6 +503,7 @@ void FetchEngine::fail_request(FetchRequestState* request, FetchError error) {
   for (auto it = active_.begin(); it != active_.end();) {
     if (belongs(*it)) {
       curl_multi_remove_handle(multi_.get(), (*it)->easy.get());
+      unregister_window(**it);
       release_slot(request->spec.file);
       it = active_.erase(it);
     } else {
@@ -671,7 +677,7 @@ int FetchEngine::on_request_ready(FetchPart& part, int local_port, int remote_po
       part.abort = permanent(FetchErrc::socket_tag, registered.error());
       return CURL_PREREQFUNC_ABORT;
     }
-    window_registrations_.emplace(fd, std::move(*registered));
+    window_registrations_.emplace(fd, WindowRegistration{std::move(*registered), &part});
   } else if (fd != CURL_SOCKET_BAD) {
     if (auto ok = apply_fetch_window(fd, tags_[index_of(cls)]); !ok) {
       part.abort = permanent(FetchErrc::socket_tag, ok.error());

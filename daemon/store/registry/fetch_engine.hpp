@@ -126,6 +126,8 @@ class FetchEngine {
   void fail_request(FetchRequestState* request, FetchError error);
   // Removes the part from active_ and the multi handle; null if it is no longer there.
   std::unique_ptr<FetchPart> detach_active(FetchPart* part);
+  // Its connection's socket leaves config_.fetch_windows (when `part` registered it).
+  void unregister_window(const FetchPart& part);
 
   std::string describe(const FetchPart& part) const;
 
@@ -148,8 +150,15 @@ class FetchEngine {
   // kept-alive connection is found by its ports. Declared before multi_, whose cleanup
   // closes the last connections through on_socket_close().
   std::unordered_map<curl_socket_t, int> live_sockets_;
-  // Sockets registered with config_.fetch_windows, unregistered before libcurl closes them.
-  std::unordered_map<curl_socket_t, network::FetchWindows::Registration> window_registrations_;
+  // Sockets registered with config_.fetch_windows while a transfer of theirs runs: out when
+  // that part leaves the multi handle (an idle kept-alive connection is no live fetch: it
+  // would keep background fetches yielding and split its class's share) or when libcurl
+  // closes the socket, whichever is first.
+  struct WindowRegistration {
+    network::FetchWindows::Registration registration;
+    const FetchPart* part = nullptr;
+  };
+  std::unordered_map<curl_socket_t, WindowRegistration> window_registrations_;
   std::array<TokenBucket, kFetchClassCount> buckets_;
   CurlMulti multi_;
   CurlSlist headers_;

@@ -80,9 +80,9 @@ TEST(SocketClassTest, StageSocketsAreCriticalAndConsolidationSocketsBackground) 
   EXPECT_EQ(seen.front().cls, FetchClass::critical) << "the stage must come first";
 }
 
-// With thawd's FetchWindows set, every connected fetch socket is registered under its class
-// and model while it lives, its window clamped to the class's share, and unregistered when
-// libcurl closes it.
+// With thawd's FetchWindows set, every fetch socket is registered under its class and model
+// while a transfer runs on it, its window clamped to the class's share, and unregistered when
+// the transfer ends (a kept-alive idle connection is no fetch) or libcurl closes it.
 TEST(SocketClassTest, FetchSocketsAreRegisteredWithTheirWindowsWhileTheyLive) {
   if (!can_set_mark()) GTEST_SKIP() << "SO_MARK needs CAP_NET_ADMIN; run as root";
   RegistryFixture fixture;
@@ -104,9 +104,17 @@ TEST(SocketClassTest, FetchSocketsAreRegisteredWithTheirWindowsWhileTheyLive) {
   std::set<int> classes;
   std::set<std::uint32_t> models;
   std::uint64_t smallest = ~0ull, largest = 0;
+  std::size_t background_samples = 0;
   std::thread watcher([&] {
     while (!done) {
-      for (const auto& l : windows->live()) {
+      const auto live = windows->live();
+      std::size_t background = 0;
+      for (const auto& l : live) background += l.traffic_class == THAW_CLASS_BACKGROUND_FETCH;
+      if (background > 0) {
+        std::lock_guard lock(mutex);
+        ++background_samples;
+      }
+      for (const auto& l : live) {
         std::lock_guard lock(mutex);
         classes.insert(l.traffic_class);
         models.insert(l.model);
@@ -130,6 +138,7 @@ TEST(SocketClassTest, FetchSocketsAreRegisteredWithTheirWindowsWhileTheyLive) {
   EXPECT_EQ(models, std::set<std::uint32_t>{kModelId});
   EXPECT_GE(smallest, network::kFetchWindowFloorBytes) << "a socket was left unclamped";
   EXPECT_LE(largest, 3u * (64u << 10)) << "a window was not clamped to the class's share";
+  EXPECT_GT(background_samples, 0u) << "no background socket seen registered";
 }
 
 }  // namespace

@@ -11,9 +11,11 @@
 #include <chrono>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "bpf/traffic_class.h"
 #include "daemon/network/fetch_window.hpp"
 #include "daemon/store/registry/range_fetcher.hpp"
 #include "nginx_server.hpp"
@@ -337,6 +339,50 @@ TEST_F(FetcherNginxTest, SocketsCarryTheirClassTagsAlsoWhenReused) {
     EXPECT_EQ(records[0].mark, 0x71u);
     EXPECT_EQ(records[1].mark, 0x72u);
   }
+}
+
+// With thawd's FetchWindows the socket of a running transfer is registered (its window at the
+// class's share) and leaves the registry when the transfer ends, though libcurl keeps the
+// connection alive: an idle connection is no fetch, and counted as one it would keep
+// background fetches yielding and split its class's share.
+TEST_F(FetcherNginxTest, FetchWindowsHoldOnlySocketsWithARunningTransfer) {
+  auto a = add_file("a.bin", 2u << 20, 31);
+  auto b = add_file("b.bin", 2u << 20, 32);
+  start_server();
+  RecordingSink sink;
+  sink.expect_file(0, a.size());
+  sink.expect_file(1, b.size());
+  auto windows = std::make_shared<network::FetchWindows>(
+      network::FetchWindowRates{1'000'000, 1'000'000, 50'000});
+  FetcherConfig config;
+  config.max_connections = 1;  // the background request reuses the kept-alive connection
+  config.fetch_windows = windows;
+  std::atomic<bool> done{false};
+  std::atomic<int> seen_critical{0}, seen_background{0};
+  std::thread watcher([&] {
+    while (!done) {
+      for (const auto& l : windows->live()) {
+        if (l.traffic_class == THAW_CLASS_CRITICAL_FETCH) ++seen_critical;
+        if (l.traffic_class == THAW_CLASS_BACKGROUND_FETCH) ++seen_background;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  });
+  RangeFetcher fetcher(config, sink);
+  ASSERT_TRUE(fetcher.submit({whole(0, "/a.bin", a.size(), FetchClass::critical)}));
+  ASSERT_TRUE(fetcher.wait_idle(20s));
+  const auto after_critical = windows->live().size();
+  ASSERT_TRUE(fetcher.submit({whole(1, "/b.bin", b.size(), FetchClass::background)}));
+  ASSERT_TRUE(fetcher.wait_idle(20s));
+  const auto after_background = windows->live().size();
+  done = true;
+  watcher.join();
+  EXPECT_TRUE(sink.contents(0) == a && sink.contents(1) == b);
+  EXPECT_GT(seen_critical.load(), 0) << "the critical transfer's socket was never registered";
+  EXPECT_GT(seen_background.load(), 0) << "the background transfer's socket was never registered";
+  EXPECT_EQ(after_critical, 0u) << "the idle kept-alive connection stayed registered";
+  EXPECT_EQ(after_background, 0u);
+  EXPECT_EQ(windows->reclamp_errors(), 0u) << windows->last_error();
 }
 
 TEST_F(FetcherNginxTest, AClassWithAWindowRateGetsItsReceiveWindowClampedAfterConnect) {
