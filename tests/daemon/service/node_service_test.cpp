@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -44,6 +45,32 @@ TEST_F(NodeServiceTest, FetchTwiceWhileRunningJoinsAndAfterwardsResumesFromTheCa
   const ModelStatus m = service_->model("gpt-syn").value();
   EXPECT_EQ(m.fetched_bytes, m.total_bytes);
   EXPECT_GT(m.files, 2u);
+}
+
+// With shaping, each model gets its own id for its fetch sockets' marks (bpf/traffic_class.h),
+// told to thawd's shaping (on_model_id) before its first fetch: one per cache key, kept for
+// later fetches of the key, so the classifier's per-model counters stay one model's.
+TEST_F(NodeServiceTest, EachModelGetsOneMarkIdToldBeforeItsFirstFetch) {
+  std::vector<std::pair<std::uint16_t, std::string>> told;
+  std::mutex mutex;
+  NodeServiceConfig config{registry_.path().string(), 4, 0};
+  config.mark_fetch_sockets = true;  // the local registry opens no socket to mark
+  config.on_model_id = [&](std::uint16_t id, const std::string& key) {
+    std::lock_guard lock(mutex);
+    told.emplace_back(id, key);
+  };
+  service_->set_config(config);
+  ASSERT_TRUE(service_->fetch("gpt-syn"));
+  ASSERT_TRUE(until([&] { return model_state() == ModelState::complete; }));
+  ASSERT_TRUE(service_->fetch("gpt-syn"));  // again: the same id, not told twice
+  ASSERT_TRUE(until([&] { return model_state() == ModelState::complete; }));
+  (void)service_->fetch("org/other-model");  // not in the registry: fails, but has its id
+  ASSERT_TRUE(until([&] { return model_state_of("org/other-model") == ModelState::failed; }));
+  std::lock_guard lock(mutex);
+  ASSERT_EQ(told.size(), 2u);
+  EXPECT_EQ(told[0], (std::pair<std::uint16_t, std::string>{1, "gpt-syn"}));
+  EXPECT_EQ(told[1].first, 2u);
+  EXPECT_NE(told[1].second.find("other-model"), std::string::npos) << told[1].second;
 }
 
 TEST_F(NodeServiceTest, PrewarmOfAnUncachedModelFetchesItFirst) {
