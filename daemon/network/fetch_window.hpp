@@ -34,12 +34,17 @@ namespace thaw::network {
 inline constexpr std::uint64_t kFetchWindowFloorBytes = 4u << 10;
 
 // The round trip a window is computed from is never taken below this. The round trip TCP
-// measured at connect leaves out how late the receiving thread reads: on a veth at 1.25 GB/s
-// with the 2-core machine loaded (load average 5-9) thawd's 2.09 GB fetch took 19-21 s with
-// windows from the connect round trip (20-30 us: the 3-segment floor) against 4.8-5.8 s
-// unclamped; with 250 us, 4.8 s (bench/store/fetch_classified.sh, issue 26 runs). On the netns
-// test's 200 Mbit link 250 us gives a 5.6 KB window, inference p99 still within 1.5x idle.
-inline constexpr std::uint32_t kFetchWindowMinRttUs = 250;
+// measured at connect leaves out how late the receiving thread reads, and with SO_RCVBUF at
+// the window a late reader stops the sender: on a veth at 1.25 GB/s with the 2-core machine
+// loaded, thawd's 2.09 GB fetch took 12-21 s with windows from the connect round trip (20-30
+// us) against 2.8-5.8 s unclamped; 100 us: 7.0-7.5 s; 190 us: 4.6-5.1 s (unclamped 3.7-5.4);
+// 250 us: 4.3-5.8 s (bench/store/fetch_classified.sh). But a saturating fetch queues about
+// one window upstream, i.e. about this long at the link rate, ahead of inference: on the
+// netns test's 200 Mbit link 250 us (5.6 KB windows) put inference p99 at 1.5-1.7x idle in
+// one run of 8, while 190 us keeps its windows at the 3-segment floor (p99 1.0-1.5x). The
+// trade is between those two; TCP_WINDOW_CLAMP alone (or with a larger SO_RCVBUF) bounded
+// nothing on the development kernel (80-210 KB upstream, p99 9-14x).
+inline constexpr std::uint32_t kFetchWindowMinRttUs = 190;
 
 struct FetchWindow {
   std::uint64_t bytes = 0;   // the window asked for (bpf/traffic_class.h thaw_fetch_window_bytes)
