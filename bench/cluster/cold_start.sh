@@ -78,18 +78,17 @@ if [[ -n $ONE ]]; then
       ;;
     *) die "--one $ONE: baseline or ppK" ;;
   esac
-  out=$(in_ns "$BOX-ctl" curl -sS --max-time 150 -o "$BOX_WORK/answer.json" -w '%{http_code} %{time_total}' \
-    "$BOX_GATEWAY/v1/completions" -H 'Content-Type: application/json' \
-    -d "{\"model\":\"$name\",\"prompt\":$PROMPT,\"max_tokens\":4,\"ignore_eos\":true}") || true
-  [[ ${out%% *} == 200 ]] || die "$ONE: the gateway answered ${out:-nothing}: $(cat "$BOX_WORK/answer.json" 2>/dev/null)"
-  tokens=$(/usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["choices"][0]["token_ids"])))' "$BOX_WORK/answer.json")
+  # Streamed: TTFT is the first token's event, as a client sees it (bench/cluster/stream_ttft.py).
+  out=$(in_ns "$BOX-ctl" /usr/bin/python3 "$HERE/stream_ttft.py" "$BOX_GATEWAY" "$name" "$PROMPT" 4 150 \
+    2>"$BOX_WORK/answer.err") || die "$ONE: ${out:-no answer}: $(cat "$BOX_WORK/answer.err")"
+  read -r _status ttft _total tokens <<<"$out"
   # The plan Alg. 1 made (its stages and its predicted TTFT), as the coordinator reports it.
   read -r stages predicted < <(cluster state | /usr/bin/python3 -c '
 import json, sys
 plans = json.load(sys.stdin).get("plans", [])
 p = max(plans, key=lambda p: p.get("stages", 0)) if plans else {}
 print(p.get("stages", 0), "%.2f" % p.get("predicted_ttft_s", 0))')
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$ONE" "$stages" "${out#* }" "$tokens" "$slo" "$predicted"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$ONE" "$stages" "$ttft" "$tokens" "$slo" "$predicted"
   exit 0
 fi
 
