@@ -446,7 +446,7 @@ void KvTransfer::add_routes(httplib::Server& server) {
       return reply_error(res, 409, fmt::format("request {} was resumed already", *id));
     if (results_.size() >= kMaxResults) {  // forget the oldest finished ones
       for (auto it = results_.begin(); it != results_.end() && results_.size() >= kMaxResults;)
-        it = it->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready
+        it = it->second.done.wait_for(std::chrono::seconds(0)) == std::future_status::ready
                  ? results_.erase(it)
                  : std::next(it);
       if (results_.size() >= kMaxResults)
@@ -455,6 +455,7 @@ void KvTransfer::add_routes(httplib::Server& server) {
     }
     std::future<Completion> f;
     std::string how;
+    auto stream = std::make_shared<TokenStream>();
     if (*kv_tokens == 0) {
       // Retry from the prompt (no KV came, or a stage failed mid-migration): greedy decoding
       // gives the tokens the source would have given.
@@ -467,7 +468,7 @@ void KvTransfer::add_routes(httplib::Server& server) {
                            fmt::format("request {} has an import under way: POST /kv/abort it "
                                        "before retrying from the prompt",
                                        *id));
-      f = scheduler_->submit(Request{*prompt, *max_tokens, ignore_eos, false, false});
+      f = scheduler_->submit(Request{*prompt, *max_tokens, ignore_eos, false, false, stream, 0});
       how = "prompt";
     } else {
       auto it = pending_.find(*id);
@@ -485,8 +486,8 @@ void KvTransfer::add_routes(httplib::Server& server) {
             fmt::format("request {}: the imported KV holds {} positions, kv_tokens is {}, and "
                         "prompt + generated is {} tokens (must be kv_tokens + 1)",
                         *id, p.token_count, *kv_tokens, len));
-      auto adopted =
-          scheduler_->adopt(AdoptedRequest{*prompt, *generated, *max_tokens, ignore_eos, p.blocks});
+      auto adopted = scheduler_->adopt(
+          AdoptedRequest{*prompt, *generated, *max_tokens, ignore_eos, p.blocks, stream});
       if (!adopted) {
         const bool busy = adopted.error().find("free") != std::string::npos ||
                           adopted.error().find("runs") != std::string::npos;
@@ -496,7 +497,8 @@ void KvTransfer::add_routes(httplib::Server& server) {
       f = std::move(*adopted);
       how = "kv";
     }
-    results_.emplace(*id, f.share());
+    results_.emplace(
+        *id, Resumed{f.share(), how == "kv" ? *generated : std::vector<std::int32_t>{}, stream});
     engine_.timeline().mark("kv_resumed", {{"request_id", *id}, {"how", how}});
     reply(res, {{"request_id", *id}, {"resumed", how}}, 202);
   });
@@ -511,21 +513,51 @@ void KvTransfer::add_routes(httplib::Server& server) {
       if (ec != std::errc() || end != v.data() + v.size() || timeout_ms < 0 || timeout_ms > 600000)
         return reply_error(res, 400, "timeout_ms must be an integer in 0..600000");
     }
-    std::shared_future<Completion> f;
+    // tokens_after=N: answer (202, done false) as soon as the request has more than N tokens,
+    // with all of them, so that a caller streams the answer as it is decoded here.
+    std::optional<std::size_t> tokens_after;
+    if (req.has_param("tokens_after")) {
+      const std::string v = req.get_param_value("tokens_after");
+      std::size_t n = 0;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec != std::errc() || end != v.data() + v.size())
+        return reply_error(res, 400, "tokens_after must be a non-negative integer");
+      tokens_after = n;
+    }
+    Resumed r;
     {
       std::lock_guard lock(mu_);
       auto it = results_.find(*id);
       if (it == results_.end())
         return reply_error(res, 404, fmt::format("request {} was not resumed here", *id));
-      f = it->second;
+      r = it->second;
     }
+    // The tokens so far: those it came with, then those decoded here (the stream's events).
+    auto so_far = [&] {
+      std::vector<TokenStream::Event> events;
+      r.stream->wait_after(0, std::chrono::milliseconds(0), events);
+      std::vector<std::int32_t> tokens = r.generated_before;
+      for (const auto& e : events)
+        if (!e.end) tokens.push_back(e.token);
+      return tokens;
+    };
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready &&
+    while (r.done.wait_for(std::chrono::milliseconds(tokens_after ? 0 : 100)) !=
+               std::future_status::ready &&
            std::chrono::steady_clock::now() < until && !stop_requested()) {
+      if (!tokens_after) continue;
+      if (so_far().size() > *tokens_after) break;
+      // Wakes at the next decoded token (or the request's end event).
+      const std::size_t decoded = so_far().size() - r.generated_before.size();
+      std::vector<TokenStream::Event> next;
+      r.stream->wait_after(decoded, std::chrono::milliseconds(100), next);
     }
-    if (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
-      return reply(res, {{"request_id", *id}, {"done", false}}, 202);
-    json j = completion_json(*id, f.get());
+    if (r.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      json j{{"request_id", *id}, {"done", false}};
+      if (tokens_after) j["token_ids"] = so_far();
+      return reply(res, j, 202);
+    }
+    json j = completion_json(*id, r.done.get());
     j["done"] = true;
     reply(res, j);
   });

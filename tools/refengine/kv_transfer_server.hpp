@@ -48,8 +48,15 @@ class KvTransfer {
   Engine& engine_;
   Scheduler* scheduler_;
   std::mutex mu_;
-  std::map<std::uint64_t, Pending> pending_;                         // by source request id
-  std::map<std::uint64_t, std::shared_future<Completion>> results_;  // resumed, by source id
+  std::map<std::uint64_t, Pending> pending_;  // by source request id
+  struct Resumed {
+    std::shared_future<Completion> done;
+    // The tokens it had when it came (their KV came with it), then each one decoded here:
+    // GET /kv/result?tokens_after=N answers with them before the request ends.
+    std::vector<std::int32_t> generated_before;
+    std::shared_ptr<TokenStream> stream;
+  };
+  std::map<std::uint64_t, Resumed> results_;  // resumed, by source id
 };
 
 // `refengine serve` on a stage > 0: /health and the KV routes on options.host:port while the

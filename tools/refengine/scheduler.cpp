@@ -417,7 +417,7 @@ std::expected<std::future<Completion>, std::string> Scheduler::adopt(AdoptedRequ
         fmt::format("{} KV blocks for {} positions: expected {}", r.blocks.size(), len - 1, have));
   const int need = (int(r.prompt.size()) + r.max_tokens + kBlockSize - 1) / kBlockSize;
   auto s = std::make_unique<Sequence>();
-  s->request = Request{r.prompt, r.max_tokens, r.ignore_eos, false, false};
+  s->request = Request{r.prompt, r.max_tokens, r.ignore_eos, false, false, r.stream, 0};
   s->tokens = r.prompt;
   s->tokens.insert(s->tokens.end(), r.generated.begin(), r.generated.end());
   s->completion.tokens = r.generated;

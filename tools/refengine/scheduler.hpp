@@ -83,7 +83,8 @@ struct AdoptedRequest {
   std::vector<std::int32_t> prompt, generated;
   int max_tokens = 0;
   bool ignore_eos = false;
-  std::vector<int> blocks;  // hold the KV of prompt + generated - 1 positions
+  std::vector<int> blocks;              // hold the KV of prompt + generated - 1 positions
+  std::shared_ptr<TokenStream> stream;  // each token decoded here is pushed (choice 0)
 };
 
 class Scheduler {

@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "server.hpp"
@@ -109,15 +111,63 @@ class Writer {
   bool ended_ = false;
 };
 
+// A choice released with "to" (KV migration): the tokens decoded here went out as they came;
+// the rest are relayed as the full worker decodes them (/kv/result?tokens_after=N answers as
+// soon as it has more than N tokens), then `c` gets its whole answer. Not cut short by a stop
+// request (a stopping stage 0 still hands its callers their answers), within 10 min. False:
+// the client is gone; w.ended(): the stream was ended with an error.
+bool relay_migrated(StreamState& s, Writer& w, int choice, Completion& c) {
+  constexpr auto kForwardDeadline = std::chrono::minutes(10);
+  httplib::Client worker(c.migrated_to);
+  worker.set_read_timeout(std::chrono::seconds(70));
+  const auto& sent = s.tokens[std::size_t(choice)];
+  const auto until = std::chrono::steady_clock::now() + kForwardDeadline;
+  while (std::chrono::steady_clock::now() < until) {
+    const std::string path = fmt::format(
+        "/kv/result?request_id={}&timeout_ms=60000&tokens_after={}", c.request_id, sent.size());
+    auto r = worker.Get(path.c_str());
+    if (!r)
+      return w.fail(fmt::format("the request moved to {}, which did not answer: {}", c.migrated_to,
+                                httplib::to_string(r.error())),
+                    "upstream_error");
+    if (r->status != 200 && r->status != 202)
+      return w.fail(fmt::format("the request moved to {}, which answered HTTP {}: {}",
+                                c.migrated_to, r->status, r->body),
+                    "upstream_error");
+    std::vector<std::int32_t> tokens;
+    try {
+      const auto j = json::parse(r->body);
+      if (r->status == 200) {
+        c.tokens = j.at("token_ids").get<std::vector<std::int32_t>>();
+        c.finish_reason = j.at("finish_reason").get<std::string>();
+        c.error = j.value("error", "");
+        return true;
+      }
+      // (A worker without tokens_after answers 202 with no tokens: the rest come at the end.)
+      if (j.contains("token_ids")) tokens = j["token_ids"].get<std::vector<std::int32_t>>();
+    } catch (const std::exception& e) {
+      return w.fail(fmt::format("the request moved to {}, whose answer is not understood: {}",
+                                c.migrated_to, e.what()),
+                    "upstream_error");
+    }
+    if (tokens.size() <= sent.size()) continue;
+    if (!std::equal(sent.begin(), sent.end(), tokens.begin()))
+      return w.fail("the moved request's tokens differ from those streamed", "server_error");
+    for (std::size_t i = sent.size(); i < tokens.size();)
+      if (!w.chunk(choice, {tokens[i++]}, std::nullopt)) return false;
+  }
+  return w.fail(fmt::format("the request moved to {} did not finish within {} min", c.migrated_to,
+                            kForwardDeadline.count()),
+                "upstream_error");
+}
+
 // The end of choice `choice`: its Completion is in its future by now. False: the client is
 // gone; w.ended(): the stream is over.
 bool end_choice(StreamState& s, Writer& w, int choice) {
   Completion c = s.futures[std::size_t(choice)].get();
   if (c.finish_reason == "migrated" && !c.migrated_to.empty()) {
-    // Released with "to": the tokens decoded here went out as they came; the rest come from
-    // the full worker's /kv/result, which answers only with the whole answer: they arrive
-    // together, once it has finished.
-    if (auto e = fetch_migrated(c); !e) return w.fail(e.error(), "upstream_error");
+    if (!relay_migrated(s, w, choice, c)) return false;
+    if (w.ended()) return true;
   }
   if (c.finish_reason == "error") return w.fail(c.error, "server_error");
   const auto& sent = s.tokens[std::size_t(choice)];

@@ -5,8 +5,8 @@
 //    request (the batch slot is freed, not decoded to max_tokens);
 //  - a PP=2 pipeline streams from stage 0 what one worker answers;
 //  - a request moved mid-stream by KV migration with forward_answers: the stream goes on, even
-//    as stage 0 is stopped right after the move, and ends with the single worker's tokens (the
-//    forwarded part arrives at once: /kv/result answers only whole answers).
+//    as stage 0 is stopped right after the move, and ends with the single worker's tokens; the
+//    tokens decoded on the full worker are relayed as they are decoded (/kv/result?tokens_after).
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -225,6 +225,15 @@ TEST(RefengineStreaming, AStreamMovedByKvMigrationEndsWithTheSingleWorkersTokens
   EXPECT_EQ(s.tokens.at(0), whole["choices"][0]["token_ids"].get<Tokens>());
   EXPECT_EQ(s.finish.at(0), "length");
   EXPECT_EQ(s.token_events, kTokens);
+  // The tokens decoded on the full worker are relayed as it decodes them (20 ms a step), not
+  // all at once when it finishes: the last 10 (at least 30 were decoded there) span >= 90 ms.
+  std::vector<double> token_at;
+  for (std::size_t i = 0; i < s.events.size(); ++i)
+    if (s.events[i].contains("choices") && !s.events[i]["choices"][0]["token_ids"].empty())
+      token_at.push_back(s.at_ms[i]);
+  ASSERT_GE(token_at.size(), 10u);
+  EXPECT_GE(token_at.back() - token_at[token_at.size() - 10], 90.0)
+      << "the moved request's last tokens arrived together";
   EXPECT_EQ(pp.stages[0]->wait_exit(30000), 0) << pp.logs();
 }
 
