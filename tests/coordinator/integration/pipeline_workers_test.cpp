@@ -429,13 +429,15 @@ namespace {
 // only after it.
 TEST_F(PipelineWorkers, ARequestInFlightDuringTheHandOverFinishesOnThePipeline) {
   start_coordinator();
-  // 25 ms per step on each stage: 48 tokens take over 2 s, longer than the tiny model's
-  // consolidation (the rest fetched, a standalone worker started) needs to reach the hand-over.
-  for (const char* id : {"node-a", "node-b"}) add_node(id, {"--step-delay-ms", "25"});
+  // 40 ms per step on each stage: 96 tokens take about 8 s, longer than the tiny model's
+  // consolidation (the rest fetched, a standalone worker started) needs to reach the hand-over,
+  // in the ASan build too (48 tokens at 25 ms, about 2.4 s, ended before it there).
+  constexpr int kTokens = 96;  // + the 7-token prompt within the engines' --max-model-len 128
+  for (const char* id : {"node-a", "node-b"}) add_node(id, {"--step-delay-ms", "40"});
   ASSERT_TRUE(both_alive()) << diagnostics();
   const std::vector<int> prompt = {464, 2068, 758, 2183, 1804, 625, 262};
-  const std::vector<int> expected = single_worker("464,2068,758,2183,1804,625,262", 48);
-  ASSERT_EQ(expected.size(), 48u);
+  const std::vector<int> expected = single_worker("464,2068,758,2183,1804,625,262", kTokens);
+  ASSERT_EQ(expected.size(), std::size_t(kTokens));
   const json p = deploy_and_cold_start();
   ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
   const std::string id = p["id"];
@@ -445,7 +447,7 @@ TEST_F(PipelineWorkers, ARequestInFlightDuringTheHandOverFinishesOnThePipeline) 
   std::vector<int> got;
   std::atomic<bool> answered{false};
   std::thread client([&] {
-    got = complete(url, prompt, 48);
+    got = complete(url, prompt, kTokens);
     answered = true;
   });
   // The hand-over begins while the request runs; the pipeline is not stopped under it.
@@ -470,7 +472,7 @@ TEST_F(PipelineWorkers, ARequestInFlightDuringTheHandOverFinishesOnThePipeline) 
   ASSERT_TRUE(eventually([&] { return plan(id).value("phase", "") == "PHASE_CONSOLIDATED"; }, 60s))
       << diagnostics();
   const std::string standalone = plan(id)["placement"][0].value("standalone_url", "");
-  EXPECT_EQ(complete(standalone, prompt, 48), expected);
+  EXPECT_EQ(complete(standalone, prompt, kTokens), expected);
 }
 
 }  // namespace
