@@ -97,6 +97,12 @@ memset = fn("cuMemsetD32", u64, ctypes.c_uint, ctypes.c_size_t)
 # step is made of).
 check(memset(buf.value, 0x3f000000 + sum(ids) % 4096, N), "cuMemsetD32(buf)")
 check(memset(y.value, 0x3c000000 + len(ids), N), "cuMemsetD32(y)")
+# The memsets run on the legacy stream, asynchronously to the host (as on CUDA), and the capture
+# stream below is non-blocking: it does not wait for them. torch_graph.py synchronizes before
+# it captures; so does this. Without it, a second run whose capture the shim restores at once
+# launched the graph while buf was still being set (1 run in 6 under load: element 0's value
+# a few ulps off after 24 contracting steps, tokens [47639, ...] instead of [47643, ...]).
+check(fn("cuCtxSynchronize")(), "cuCtxSynchronize")
 stream, graph, exe = vp(), vp(), vp()
 check(fn("cuStreamCreate", ctypes.POINTER(vp), ctypes.c_uint)(ctypes.byref(stream), 1), "cuStreamCreate")
 launch = fn("cuLaunchKernel", vp, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
