@@ -72,16 +72,9 @@ bool marker_at_or_above(const std::string& dir) {
 // directory does not exist"); the cache creates it with the model's first file.
 std::optional<ModelFilePath> model_directory(int dirfd, const char* path) {
   namespace fs = std::filesystem;
-  fs::path full(path);
-  if (full.is_relative()) {
-    std::error_code ec;
-    const fs::path base = dirfd == AT_FDCWD
-                              ? fs::current_path(ec)
-                              : fs::read_symlink("/proc/self/fd/" + std::to_string(dirfd), ec);
-    if (ec) return std::nullopt;
-    full = base / full;
-  }
-  full = full.lexically_normal();
+  auto absolute = absolute_at(dirfd, path);
+  if (!absolute) return std::nullopt;
+  fs::path full = absolute->lexically_normal();
   if (!full.has_filename()) full = full.parent_path();  // "<key>/"
   const std::string key = full.filename().string();
   if (key.empty() || key.front() == '.') return std::nullopt;
@@ -91,6 +84,18 @@ std::optional<ModelFilePath> model_directory(int dirfd, const char* path) {
 }
 
 }  // namespace
+
+std::optional<std::filesystem::path> absolute_at(int dirfd, const char* path) {
+  namespace fs = std::filesystem;
+  fs::path full(path);
+  if (full.is_absolute()) return full;
+  std::error_code ec;
+  const fs::path base = dirfd == AT_FDCWD
+                            ? fs::current_path(ec)
+                            : fs::read_symlink("/proc/self/fd/" + std::to_string(dirfd), ec);
+  if (ec) return std::nullopt;
+  return base / full;
+}
 
 std::optional<ModelFilePath> pending_candidate(int dirfd, const char* path, int err) {
   if (err != ENOENT || path == nullptr || ReentryGuard::inside() || config().disabled) {

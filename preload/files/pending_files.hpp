@@ -18,6 +18,7 @@
 // so later misses there cost a hash).
 #pragma once
 
+#include <filesystem>
 #include <optional>
 
 #include "preload/files/managed_files.hpp"
@@ -35,6 +36,11 @@ std::optional<ModelFilePath> pending_candidate(int dirfd, const char* path, int 
 // without it) or it did not come within THAW_PRELOAD_READ_TIMEOUT — the caller then reports
 // its original ENOENT. Logs once per file that it waited.
 bool wait_until_created(const ModelFilePath& where);
+
+// `path` made absolute the way the kernel reads it for an *at() call: relative to the working
+// directory (AT_FDCWD) or to the directory `dirfd` holds (its /proc/self/fd link). nullopt when
+// that base cannot be read. Not normalised.
+std::optional<std::filesystem::path> absolute_at(int dirfd, const char* path);
 
 // Whether `dir` (absolute, normalised) is known to hold no cache marker, in itself or any
 // directory above it: found so now (one stat per level) or remembered from an earlier call

@@ -53,16 +53,9 @@ void sleep_for(std::chrono::milliseconds d) {
 std::optional<ModelFilePath> listing_candidate(int dirfd, const char* path) {
   if (path == nullptr || path[0] == '\0' || !shim_active()) return std::nullopt;
   ReentryGuard guard;  // the checks' stat and getcwd go straight to libc
-  fs::path full(path);
-  if (full.is_relative()) {
-    std::error_code ec;
-    const fs::path base = dirfd == AT_FDCWD
-                              ? fs::current_path(ec)
-                              : fs::read_symlink("/proc/self/fd/" + std::to_string(dirfd), ec);
-    if (ec) return std::nullopt;
-    full = base / full;
-  }
-  return classify_directory(full);
+  auto full = absolute_at(dirfd, path);
+  if (!full) return std::nullopt;
+  return classify_directory(*full);
 }
 
 std::optional<ModelFilePath> listing_candidate(int fd) {
