@@ -29,6 +29,7 @@
 #include "daemon/store/fetch/manifest_publish.hpp"
 #include "fetch_test_support.hpp"
 #include "nginx_server.hpp"
+#include "port_block.hpp"
 #include "temp_dir.hpp"
 #include "thawd_test_support.hpp"
 
@@ -157,12 +158,8 @@ class PipelineWorkers : public ::testing::Test {
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   void start_coordinator(const std::vector<std::string>& extra = {}) {
-    // Worker ports from a range this run is unlikely to share with another test process's,
-    // and a fresh block for each test of this one (a port the previous test's engines used
-    // was seen refused once), below the ephemeral range (32768..): a stage connecting to a
-    // peer that is not listening yet could otherwise be given that very port as its source.
-    static int test_seq = 0;
-    const int base = 20000 + static_cast<int>(::getpid() % 120) * 96 + (test_seq++ % 6) * 16;
+    // Worker ports: a block leased to this test alone (tests/support/port_block.hpp).
+    worker_ports_ = std::make_unique<PortBlock>(16);
     std::vector<std::string> argv = {THAW_COORDINATOR_PATH,
                                      "serve",
                                      "--nodes",
@@ -179,9 +176,9 @@ class PipelineWorkers : public ::testing::Test {
                                      "8",
                                      "--launch-workers",
                                      "--worker-ports",
-                                     std::to_string(base),
+                                     std::to_string(worker_ports_->base()),
                                      "--worker-port-count",
-                                     "16"};
+                                     std::to_string(worker_ports_->count())};
     argv.insert(argv.end(), extra.begin(), extra.end());
     coordinator_ = spawn(argv, {}, dir_.path() / "coordinator.log");
     ASSERT_TRUE(eventually([&] { return state().contains("nodes"); }, 10s)) << coordinator_log();
@@ -309,6 +306,7 @@ class PipelineWorkers : public ::testing::Test {
   std::uint64_t model_bytes_ = 0;
   std::string node_endpoint_, frontend_;
   pid_t coordinator_ = -1;
+  std::unique_ptr<PortBlock> worker_ports_;
   std::vector<std::unique_ptr<Node>> nodes_;
   void burst_scales_up(std::uint32_t stages, int burst, double slo_share,
                        const std::vector<std::string>& coordinator_flags = {});
@@ -362,7 +360,7 @@ TEST_F(PipelineWorkers, APp2ColdStartAnswersLikeOneWorkerThenConsolidates) {
   ASSERT_EQ(c.exit_code, 0) << c.output << coordinator_log();
   const json p = json::parse(c.output, nullptr, false).value("plan", json());
   ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
-  const std::string id = p["id"];
+  const std::string id = p.value("id", "");
 
   // Stage 0 answers health: the route the gateway gets.
   std::string url;
@@ -440,7 +438,7 @@ TEST_F(PipelineWorkers, ARequestInFlightDuringTheHandOverFinishesOnThePipeline) 
   ASSERT_EQ(expected.size(), std::size_t(kTokens));
   const json p = deploy_and_cold_start();
   ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
-  const std::string id = p["id"];
+  const std::string id = p.value("id", "");
   const std::string url = serving_url(id);
   ASSERT_FALSE(url.empty()) << diagnostics();
 
@@ -494,7 +492,7 @@ TEST_F(PipelineWorkers, KvTransferMovesARequestInFlightToTheStandaloneWorker) {
   ASSERT_EQ(expected.size(), 64u);
   const json p = deploy_and_cold_start();
   ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
-  const std::string id = p["id"];
+  const std::string id = p.value("id", "");
   const std::string url = serving_url(id);
   ASSERT_FALSE(url.empty()) << diagnostics();
 
@@ -512,7 +510,7 @@ TEST_F(PipelineWorkers, KvTransferMovesARequestInFlightToTheStandaloneWorker) {
       << log;
   EXPECT_NE(choice.value("finish_reason", ""), "migrated") << choice.dump();
   std::vector<int> tokens;
-  for (const auto& t : choice["token_ids"]) tokens.push_back(t.get<int>());
+  for (const auto& t : choice.value("token_ids", json::array())) tokens.push_back(t.get<int>());
   EXPECT_EQ(tokens, expected) << choice.dump();
 }
 
@@ -536,9 +534,9 @@ TEST_F(PipelineWorkers, APp4ColdStartAnswersLikeOneWorker) {
   const json p = deploy_and_cold_start(0.3);
   ASSERT_EQ(p.value("stages", 0), 4) << p.dump(2);
   std::set<std::string> nodes;
-  for (const json& s : p["placement"]) nodes.insert(s.value("node_id", ""));
+  for (const json& s : p.value("placement", json::array())) nodes.insert(s.value("node_id", ""));
   EXPECT_EQ(nodes.size(), 4u);
-  const std::string url = serving_url(p["id"]);
+  const std::string url = serving_url(p.value("id", ""));
   ASSERT_FALSE(url.empty()) << diagnostics();
   EXPECT_EQ(complete(url, prompt), expected) << diagnostics();
 }
@@ -630,7 +628,7 @@ void PipelineWorkers::burst_scales_up(std::uint32_t stages, int burst, double sl
   json s = state();
   ASSERT_EQ(s["plans"].size(), 1u) << s.dump(2);
   const json p = s["plans"][0];
-  const std::string id = p["id"];
+  const std::string id = p.value("id", "");
   ASSERT_EQ(p.value("stages", 0u), stages) << p.dump(2);
   for (const json& stage : p["placement"]) {
     EXPECT_TRUE(stage.value("full_memory", false)) << p.dump(2);
@@ -721,7 +719,7 @@ TEST_F(PipelineWorkers, WithoutTheShimEachStageStartsOnceItsFetchIsDone) {
   ASSERT_EQ(expected.size(), 8u);
   const json p = deploy_and_cold_start();
   ASSERT_EQ(p.value("stages", 0), 2) << p.dump(2);
-  const std::string id = p["id"];
+  const std::string id = p.value("id", "");
 
   // Until stage 0 serves: when its node's fetch (its stage, then the rest) was first seen
   // done, on the wall clock the wrapper's launch time is on.
