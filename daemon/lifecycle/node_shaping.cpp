@@ -29,6 +29,10 @@ class BpfShaper final : public ShaperBackend {
   std::expected<network::ShapingCounters, network::ShapingError> counters() const override {
     return shaper_.counters();
   }
+  std::expected<std::uint64_t, network::ShapingError> class_packets(
+      network::TrafficClass c) const override {
+    return shaper_.class_packets(c);
+  }
   std::expected<void, network::ShapingError> add_inference_cgroup(std::uint64_t id) override {
     return shaper_.add_inference_cgroup(id);
   }
@@ -138,6 +142,12 @@ bool NodeShaping::enabled() const {
 std::uint64_t NodeShaping::link_bytes_per_s() const {
   std::lock_guard lock(mutex_);
   return resolved_.link_bytes_per_s;
+}
+
+std::uint64_t NodeShaping::inference_packets() const {
+  std::lock_guard lock(mutex_);
+  if (!backend_) return 0;
+  return backend_->class_packets(network::TrafficClass::inference).value_or(0);
 }
 
 void NodeShaping::register_model(std::uint16_t id, const std::string& name) {

@@ -32,6 +32,15 @@ class ShaperBackend {
   virtual std::expected<void, network::ShapingError> set_class_rates(
       const std::array<network::ClassRate, network::kTrafficClassCount>& classes) = 0;
   virtual std::expected<network::ShapingCounters, network::ShapingError> counters() const = 0;
+  // Packets of class c both ways (the bpf shaper reads only the classifier's map for it).
+  virtual std::expected<std::uint64_t, network::ShapingError> class_packets(
+      network::TrafficClass c) const {
+    auto all = counters();
+    if (!all) return std::unexpected(all.error());
+    std::uint64_t packets = 0;
+    for (const auto& direction : all->classes) packets += direction[static_cast<int>(c)].packets;
+    return packets;
+  }
   // Engines' cgroup v2 ids whose packets are inference (the classifier's cgroup map).
   virtual std::expected<void, network::ShapingError> add_inference_cgroup(std::uint64_t id) = 0;
   virtual std::expected<void, network::ShapingError> remove_inference_cgroup(std::uint64_t id) = 0;
@@ -82,6 +91,10 @@ class NodeShaping {
   // the class rates in force: critical and background at their ceilings, background cut to its
   // guaranteed rate while a critical fetch runs.
   network::FetchWindowRates fetch_window_rates() const;
+  // Inference packets on the uplink both ways since shaping started (the classifier's
+  // counter; thawd samples it to clamp fetch windows only while inference runs). 0 without
+  // shaping or when the map cannot be read.
+  std::uint64_t inference_packets() const;
   // Applies the coordinator's rates (checked against this node's link first). Without
   // shaping they are recorded for status() and the call succeeds: the coordinator cannot
   // know, and there is nothing to fix on its side.

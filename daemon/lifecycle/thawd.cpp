@@ -22,6 +22,11 @@ namespace thaw::daemon {
 
 namespace {
 
+// How often thawd samples the classifier's inference counter (fetch windows clamp while
+// inference runs): every 50 ms while fetches run, every second otherwise.
+constexpr std::uint64_t kInferenceFetchSampleUs = 50'000;
+constexpr std::uint64_t kInferenceIdleSampleUs = 1'000'000;
+
 // The group engines run in (the first of shim.allow_groups that exists) reads the cache's
 // files: engines open them by path. Only root can give files to a group it is not in;
 // an unprivileged thawd (tests, a user's own) keeps its files to itself and its group.
@@ -161,7 +166,15 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   if (!shaping) return std::unexpected(shaping.error());
   d->shaping_ = std::move(*shaping);
   if (d->shaping_->enabled() && c.network.clamp_fetch_windows) {
-    d->fetch_windows_ = std::make_shared<network::FetchWindows>(d->shaping_->fetch_window_rates());
+    // Clamped only while something competes with a fetch (inference traffic, other models'
+    // fetches): alone, a fetch keeps the kernel's windows and its full goodput.
+    d->fetch_windows_ = std::make_shared<network::FetchWindows>(d->shaping_->fetch_window_rates(),
+                                                                network::ClampWhen::contended);
+    sd_event_source* sampler = nullptr;
+    if (sd_event_add_time_relative(d->event_, &sampler, CLOCK_MONOTONIC, kInferenceIdleSampleUs, 0,
+                                   &Thawd::on_inference_sample, d.get()) >= 0) {
+      d->sources_.push_back(sampler);
+    }
   }
 
   d->access_ = std::make_unique<AccessPolicy>(c.allow_groups);
@@ -194,7 +207,7 @@ std::expected<std::unique_ptr<Thawd>, std::string> Thawd::start(std::filesystem:
   if (!c.metrics_listen.empty()) {
     auto metrics = MetricsServer::start(c.metrics_listen, [t = d.get()] {
       return render_openmetrics(*t->service_, t->shim_->counters(), t->cache_->bytes_used(),
-                                t->config_.cache_budget_bytes, t->shaping_->status());
+                                t->config_.cache_budget_bytes, t->network_status());
     });
     if (!metrics) return std::unexpected(metrics.error());
     d->metrics_ = std::move(*metrics);
@@ -287,10 +300,12 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
        [shaping = shaping_.get()](const std::string& unit, const WorkerTraffic& t) {
          shaping->remove_worker(unit, t.cgroup_id, t.ports);
        }});
-  tasks_ = std::make_unique<TaskRunner>(
-      *service_, *workers_,
-      WorkerSettings{c.worker_command, c.worker_preload.string(), c.socket_path.string(),
-                     c.state_dir / "workers", {}});
+  tasks_ = std::make_unique<TaskRunner>(*service_, *workers_,
+                                        WorkerSettings{c.worker_command,
+                                                       c.worker_preload.string(),
+                                                       c.socket_path.string(),
+                                                       c.state_dir / "workers",
+                                                       {}});
   AgentConfig agent;
   agent.endpoint = c.coordinator_endpoint;
   agent.node_id = node_id;
@@ -350,7 +365,7 @@ ManagerInfo Thawd::manager_info() {
   m.state = [this] { return state_; };
   m.cache_bytes_used = [this] { return cache_->bytes_used(); };
   m.cache_budget_bytes = config_.cache_budget_bytes;
-  m.network = [this] { return shaping_ ? shaping_->status() : NetStatus{}; };
+  m.network = [this] { return network_status(); };
   return m;
 }
 
@@ -376,6 +391,30 @@ int Thawd::on_status_timer(sd_event_source* source, uint64_t usec, void* self) {
     d->notifier_.status(line);
   }
   const int r = sd_event_source_set_time(source, usec + 1'000'000);
+  return r < 0 ? r : sd_event_source_set_enabled(source, SD_EVENT_ON);
+}
+
+NetStatus Thawd::network_status() const {
+  NetStatus n = shaping_ ? shaping_->status() : NetStatus{};
+  if (fetch_windows_) n.fetch_windows_clamped = fetch_windows_->clamping();
+  return n;
+}
+
+int Thawd::on_inference_sample(sd_event_source* source, uint64_t usec, void* self) {
+  auto* d = static_cast<Thawd*>(self);
+  const bool was = d->fetch_windows_->clamping();
+  const bool active = d->inference_activity_.sample(d->shaping_->inference_packets(),
+                                                    network::InferenceActivity::Clock::now());
+  d->fetch_windows_->set_inference_active(active);
+  if (const bool now = d->fetch_windows_->clamping(); now != was) {
+    log(LogLevel::debug, now ? "fetch windows clamped: inference traffic or fetches compete"
+                             : "fetch windows released: nothing competes with the fetches");
+  }
+  // Often while fetches run (a request arriving mid-fetch waits at most this long for the
+  // clamp); otherwise only to keep the hold time's view of recent inference fresh.
+  const std::uint64_t next =
+      d->fetch_windows_->live().empty() ? kInferenceIdleSampleUs : kInferenceFetchSampleUs;
+  const int r = sd_event_source_set_time(source, usec + next);
   return r < 0 ? r : sd_event_source_set_enabled(source, SD_EVENT_ON);
 }
 

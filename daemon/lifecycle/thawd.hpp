@@ -29,6 +29,7 @@
 #include "daemon/lifecycle/node_shaping.hpp"
 #include "daemon/lifecycle/service_notifier.hpp"
 #include "daemon/metrics/metrics_server.hpp"
+#include "daemon/network/inference_activity.hpp"
 #include "daemon/service/access_policy.hpp"
 #include "daemon/service/node_service.hpp"
 #include "daemon/shim_socket/shim_server.hpp"
@@ -57,11 +58,14 @@ class Thawd {
   Thawd(std::filesystem::path config_path, ConfigFile need, ServiceNotifier& notifier,
         ThawdConfig config);
   std::string status_line() const;
+  NetStatus network_status() const;  // the shaper's, with the fetch windows' state
   NodeServiceConfig service_config() const;
   ManagerInfo manager_info();
   std::expected<void, std::string> start_agent(const std::string& node_id);
   void reload();
   static int on_status_timer(sd_event_source* source, uint64_t usec, void* self);
+  // Samples the classifier's inference counter; fetch windows clamp while inference runs.
+  static int on_inference_sample(sd_event_source* source, uint64_t usec, void* self);
   static int on_signal(sd_event_source* source, const struct signalfd_siginfo* info, void* self);
 
   std::filesystem::path config_path_;
@@ -76,6 +80,7 @@ class Thawd {
   std::unique_ptr<NodeShaping> shaping_;
   // With shaping: live fetch sockets, their windows at their class's share (null without).
   std::shared_ptr<network::FetchWindows> fetch_windows_;
+  network::InferenceActivity inference_activity_;
   std::unique_ptr<NodeService> service_;  // uses cache_ and gpus_
   std::unique_ptr<ArtifactStore> artifacts_;
   // The cluster agent (coordinator.endpoint set): stopped before service_ goes.

@@ -56,6 +56,12 @@ std::string render_network_openmetrics(const NetStatus& n) {
   w.sample("thaw_net_shaping_enabled", n.enabled ? 1 : 0);
   w.family("thaw_net_link_bytes_per_second", "gauge", "The uplink's rate shaping runs at.");
   w.sample("thaw_net_link_bytes_per_second", n.link_bytes_per_s);
+  if (n.fetch_windows_clamped) {
+    w.family("thaw_net_fetch_windows_clamped", "gauge",
+             "1 while fetch sockets' receive windows are clamped (inference traffic or other "
+             "models' fetches compete), 0 while they are the kernel's.");
+    w.sample("thaw_net_fetch_windows_clamped", *n.fetch_windows_clamped ? 1 : 0);
+  }
   w.family("thaw_net_cold_starts", "gauge",
            "Cold starts the coordinator placed on this node (its rates' N).");
   w.sample("thaw_net_cold_starts", n.cold_starts);

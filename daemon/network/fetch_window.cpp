@@ -24,6 +24,14 @@ std::uint64_t rmem_max() {
   return v;  // 0 when unreadable: SO_RCVBUF is then not set
 }
 
+// net.ipv4.tcp_rmem's maximum: the receive buffer autotuning may grow a socket to.
+std::uint64_t tcp_rmem_max() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_rmem");
+  std::uint64_t low = 0, initial = 0, high = 0;
+  in >> low >> initial >> high;
+  return high != 0 ? high : 6u << 20;  // the kernel's default when unreadable
+}
+
 std::string errno_text(const char* what, std::uint64_t value) {
   int err = errno;
   return fmt::format("setsockopt({}={}) on a fetch socket: {}", what, value, std::strerror(err));
@@ -64,6 +72,21 @@ std::expected<FetchWindow, std::string> clamp_fetch_window(int fd, std::uint64_t
   return w;
 }
 
+std::expected<void, std::string> release_fetch_window(int fd) {
+  const std::uint64_t buffer = std::min<std::uint64_t>(tcp_rmem_max(), 1u << 30);
+  // The kernel doubles what it is given (as autotuning's limit is the doubled size).
+  int half = static_cast<int>(buffer / 2);
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &half, sizeof half) != 0) {
+    if (errno != EPERM) return std::unexpected(errno_text("SO_RCVBUFFORCE", buffer));
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &half, sizeof half) != 0)
+      return std::unexpected(errno_text("SO_RCVBUF", buffer));
+  }
+  int clamp = static_cast<int>(buffer);
+  if (setsockopt(fd, IPPROTO_TCP, TCP_WINDOW_CLAMP, &clamp, sizeof clamp) != 0)
+    return std::unexpected(errno_text("TCP_WINDOW_CLAMP", buffer));
+  return {};
+}
+
 std::uint64_t fetch_window_rate(int traffic_class, std::uint32_t live_critical,
                                 std::uint32_t live_background, const FetchWindowRates& rates) {
   if (traffic_class == kWindowClassCritical) {
@@ -93,7 +116,23 @@ void FetchWindows::Registration::reset() {
   owner_ = nullptr;
 }
 
+bool FetchWindows::clamping_locked() const {
+  if (when_ == ClampWhen::always || inference_active_) return true;
+  // Fetches of more than one (class, model) share the link: one model's connections alone
+  // compete with nothing that needs protecting.
+  const Live* first = nullptr;
+  for (const auto& [id, e] : entries_) {
+    if (first == nullptr) {
+      first = &e.live;
+    } else if (e.live.traffic_class != first->traffic_class || e.live.model != first->model) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::uint64_t FetchWindows::rate_for_locked(int traffic_class) const {
+  if (!clamping_locked()) return 0;
   std::uint32_t critical = 0, background = 0;
   for (const auto& [id, e] : entries_) {
     critical += e.live.traffic_class == kWindowClassCritical;
@@ -119,7 +158,20 @@ std::expected<void, std::string> FetchWindows::reclamp_locked(std::uint64_t exce
   for (auto& [id, e] : entries_) {
     if (id == except_id) continue;
     const std::uint64_t rate = rate_for_locked(e.live.traffic_class);
-    if (rate == 0 || rate == e.rate) continue;
+    if (rate == e.rate) continue;
+    if (rate == 0) {
+      // Nothing to protect any more (or no rate): back to a window as large as the kernel's.
+      if (auto ok = release_fetch_window(e.live.fd); !ok) {
+        ++reclamp_errors_;
+        last_error_ = ok.error();
+        if (result) result = std::unexpected(ok.error());
+        continue;
+      }
+      e.live.window.bytes = 0;
+      e.live.window.receive_buffer = false;
+      e.rate = 0;
+      continue;
+    }
     auto w = clamp_locked(e.live.fd, e.live.traffic_class, rate, e.live.window.rtt_us);
     if (!w) {
       ++reclamp_errors_;
@@ -149,6 +201,13 @@ std::expected<FetchWindows::Registration, std::string> FetchWindows::add(int fd,
     }
     added.live.window = *w;
     added.rate = rate;
+  } else {
+    // Left to the kernel for now; the round trip at connect, which no queue of this fetch's
+    // own has inflated yet, is what a later clamp computes its window from.
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0)
+      added.live.window.rtt_us = info.tcpi_rtt;
   }
   (void)reclamp_locked(id);  // errors counted; this socket's fetch goes on
   return Registration(this, id);
@@ -170,6 +229,18 @@ std::expected<void, std::string> FetchWindows::set_rates(const FetchWindowRates&
 FetchWindowRates FetchWindows::rates() const {
   std::lock_guard lock(mutex_);
   return rates_;
+}
+
+void FetchWindows::set_inference_active(bool active) {
+  std::lock_guard lock(mutex_);
+  if (active == inference_active_) return;
+  inference_active_ = active;
+  (void)reclamp_locked(0);  // errors counted (reclamp_errors)
+}
+
+bool FetchWindows::clamping() const {
+  std::lock_guard lock(mutex_);
+  return clamping_locked();
 }
 
 std::vector<FetchWindows::Live> FetchWindows::live() const {

@@ -13,6 +13,16 @@
 // class's guaranteed rate while any critical fetch is live. The store registers its sockets
 // (FetcherConfig::fetch_windows), thawd sets the rates when shaping starts and when the
 // coordinator changes them.
+//
+// A clamped window costs a fetch goodput when nothing competes with it (a late-reading
+// receiver thread idles the link: 83 vs 117 MB/s on an idle 1 Gbit/s veth, -36 % at 1.25
+// GB/s; bench/store/fetch_classified.sh). So thawd clamps only while there is something to
+// protect (ClampWhen::contended): inference traffic on the link (thawd samples the
+// classifier's inference counter, InferenceActivity), or fetches of more than one (class,
+// model) at once, which must share the link by HTB's rates rather than by whose packets
+// filled the upstream queue first. Otherwise every socket is left to the kernel's
+// autotuning, and a socket clamped before is released (its receive buffer raised back to
+// where autotuning would have taken it).
 #pragma once
 
 #include <array>
@@ -98,9 +108,19 @@ std::uint64_t fetch_window_rate(int traffic_class, std::uint32_t live_critical,
 // Live fetch sockets and their windows. Thread-safe: fetchers register and unregister from
 // their threads, thawd sets rates from another; setsockopt on a registered fd happens under
 // the lock, and a fetcher unregisters before it closes the fd.
+// When FetchWindows clamps: always (at the class rates), or only while contended (above).
+enum class ClampWhen { always, contended };
+
+// Releases a clamped socket back to a window as large as autotuning would reach: its receive
+// buffer to net.ipv4.tcp_rmem's maximum (SO_RCVBUFFORCE, which needs CAP_NET_ADMIN, as
+// shaping does; else SO_RCVBUF, capped at net.core.rmem_max) and TCP_WINDOW_CLAMP to match.
+// Once SO_RCVBUF was set the kernel no longer autotunes the socket, so this is the way back.
+std::expected<void, std::string> release_fetch_window(int fd);
+
 class FetchWindows {
  public:
-  explicit FetchWindows(FetchWindowRates rates = {}) : rates_(rates) {}
+  explicit FetchWindows(FetchWindowRates rates = {}, ClampWhen when = ClampWhen::always)
+      : rates_(rates), when_(when) {}
   FetchWindows(const FetchWindows&) = delete;
   FetchWindows& operator=(const FetchWindows&) = delete;
 
@@ -129,12 +149,17 @@ class FetchWindows {
   // (the other sockets are still re-clamped).
   std::expected<void, std::string> set_rates(const FetchWindowRates& rates);
   FetchWindowRates rates() const;
+  // Whether inference traffic runs on the link now (ClampWhen::contended: thawd's sampling of
+  // the classifier). A change re-clamps or releases the live sockets.
+  void set_inference_active(bool active);
+  // Whether the windows are clamped now (always, or contended at this moment).
+  bool clamping() const;
 
   struct Live {
     int fd = -1;
     int traffic_class = 0;
     std::uint32_t model = 0;
-    FetchWindow window;  // as last set
+    FetchWindow window;  // as last set (bytes 0: left to the kernel)
   };
   std::vector<Live> live() const;
   // Re-clamps that failed on a socket other than the one being added (e.g. closed by the
@@ -146,6 +171,7 @@ class FetchWindows {
   void remove(std::uint64_t id);
   // Under mutex_: re-clamps every live socket (but except_id) whose window rate changed.
   std::expected<void, std::string> reclamp_locked(std::uint64_t except_id);
+  bool clamping_locked() const;
   std::uint64_t rate_for_locked(int traffic_class) const;
   std::expected<FetchWindow, std::string> clamp_locked(int fd, int traffic_class,
                                                        std::uint64_t rate,
@@ -157,6 +183,8 @@ class FetchWindows {
   };
   mutable std::mutex mutex_;
   FetchWindowRates rates_;
+  ClampWhen when_;
+  bool inference_active_ = false;
   std::map<std::uint64_t, Entry> entries_;
   std::uint64_t next_id_ = 1;
   std::uint64_t reclamp_errors_ = 0;

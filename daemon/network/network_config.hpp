@@ -54,9 +54,10 @@ struct NetworkSettings {
   // Local TCP/UDP ports whose traffic is inference (the gateway's, engines' HTTP ports):
   // recognised by port, so neither needs to mark its sockets.
   std::vector<std::uint16_t> inference_ports;
-  // While shaping runs: each fetch socket's receive window is kept at its class's current
-  // share × round trip (daemon/network/fetch_window.hpp), so an unpaced registry cannot
-  // queue a whole autotuned window upstream, ahead of inference. false: the kernel's windows.
+  // While shaping runs and inference traffic or other models' fetches compete: each fetch
+  // socket's receive window is kept at its class's current share × round trip
+  // (daemon/network/fetch_window.hpp), so an unpaced registry cannot queue a whole
+  // autotuned window upstream, ahead of inference. false: the kernel's windows always.
   bool clamp_fetch_windows = true;
 
   static constexpr std::array<ClassSetting, kNetClassCount> default_classes() {
@@ -150,6 +151,9 @@ struct NetStatus {
   std::uint64_t per_cold_start_bytes_per_s = 0;  // its equal share B_c / N (0: N = 0)
   std::array<NetClassStatus, kNetClassCount> classes{};
   std::vector<NetModelStatus> models;  // by id; fetched models, once shaping runs
+  // Whether fetch sockets' receive windows are clamped now (inference traffic or fetches of
+  // several models compete; daemon/network/fetch_window.hpp); none: windows are off.
+  std::optional<bool> fetch_windows_clamped;
 };
 
 }  // namespace thaw::daemon

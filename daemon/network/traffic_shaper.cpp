@@ -415,6 +415,25 @@ std::expected<void, ShapingError> TrafficShaper::set_class_rates(
   return {};
 }
 
+std::expected<std::uint64_t, ShapingError> TrafficShaper::class_packets(TrafficClass c) const {
+  const Impl& m = *impl_;
+  if (!m.skel)
+    return std::unexpected(err(ShapingErrc::not_running, "traffic shaping is not running"));
+  int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) return std::unexpected(err(ShapingErrc::bpf, "cannot count possible CPUs"));
+  std::vector<thaw_class_counters> per(ncpu);
+  int fd = bpf_map__fd(m.skel->maps.class_stats);
+  std::uint64_t packets = 0;
+  for (std::uint32_t d = 0; d < THAW_DIR_COUNT; ++d) {
+    std::uint32_t key = thaw_stats_index(d, static_cast<std::uint32_t>(c));
+    if (bpf_map_lookup_elem(fd, &key, per.data()) != 0)
+      return std::unexpected(
+          err(ShapingErrc::bpf, fmt::format("reading class counters: {}", std::strerror(errno))));
+    for (const auto& p : per) packets += p.packets;
+  }
+  return packets;
+}
+
 std::expected<ShapingCounters, ShapingError> TrafficShaper::counters() const {
   const Impl& m = *impl_;
   if (!m.skel)

@@ -110,6 +110,9 @@ class TrafficShaper {
   std::expected<void, ShapingError> set_class_rates(
       const std::array<ClassRate, kTrafficClassCount>& classes);
   std::expected<ShapingCounters, ShapingError> counters() const;
+  // Packets of class c both ways since start, from the classifier's map alone: cheap enough
+  // to sample every few tens of milliseconds (counters() also asks tc for every leaf's drops).
+  std::expected<std::uint64_t, ShapingError> class_packets(TrafficClass c) const;
   // Per-model byte counters: the classifier counts bytes of sockets marked with model_id.
   std::expected<void, ShapingError> add_model(std::uint16_t model_id);
   std::expected<void, ShapingError> remove_model(std::uint16_t model_id);

@@ -6,7 +6,9 @@
 //   downloads are shaped) carry the coordinator's ClassRates for N = 1 (HydraServe Eq. 3/4:
 //   the critical-fetch class guaranteed the link less the reserves);
 //   a second cold start makes N = 2: the node reports each cold start's equal share B_c / N
-//   halved, while the critical class's guarantee B_c stays what the two share.
+//   halved, while the critical class's guarantee B_c stays what the two share;
+//   inference traffic on up0 makes thawd clamp fetch windows, and they are released once it
+//   has stopped (the classifier's counter, sampled by thawd).
 //
 // Everything runs in the node's namespace (this test's thread enters it first, so each
 // process it starts is born there): the coordinator and nginx on its loopback. The registry
@@ -14,7 +16,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,6 +30,7 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator/policy/hydraserve_class_rates.hpp"
@@ -44,6 +49,7 @@ using network::test::NetnsPair;
 using network::test::sh;
 
 constexpr std::uint64_t kLink = 10'000'000;  // up0's rate as thawd is told ([network])
+constexpr std::uint16_t kEnginePort = 8000;  // [network] inference_ports
 
 // The guaranteed rate tc reports for class `classid` (e.g. "7468:11") of `dev`, in bytes/s
 // (tc prints bits with a unit and about four significant digits); nullopt if absent.
@@ -120,8 +126,8 @@ class ClusterShaping : public ::testing::Test {
     // the coordinator computes with it.
     std::ofstream(dir / "thawd.toml")
         << "[network]\nshaping = true\nuplink = \"up0\"\nlink_rate = \"" << kLink
-        << "\"\n[node]\nid = \"node\"\nstate_dir = \"" << (dir / "state").string()
-        << "\"\n[store]\ncache_dir = \"" << (dir / "cache").string()
+        << "\"\ninference_ports = [" << kEnginePort << "]\n[node]\nid = \"node\"\nstate_dir = \""
+        << (dir / "state").string() << "\"\n[store]\ncache_dir = \"" << (dir / "cache").string()
         << "\"\ncache_budget = \"256MiB\"\nregistry = \"" << registry_->server().base_url()
         << "/slow\"\nconnections = 2\n[gpu]\npool_share = 0.5\n[shim]\nsocket = \""
         << (dir / "thawd.sock").string() << "\"\n[dbus]\nbus = \"" << bus_->address()
@@ -250,6 +256,47 @@ TEST_F(ClusterShaping, ColdStartsPlacedOnTheNodeSetItsHtbRatesToTheCoordinatorsC
     }
   }
   EXPECT_EQ(running, 2) << s.dump(2);
+}
+
+// thawd clamps fetch windows only while something competes with a fetch (issue 26: a fetch
+// alone keeps its goodput): requests to an engine port on up0 are inference in the classifier,
+// thawd samples its counter and clamps; 2 s after the last request it releases the windows.
+TEST_F(ClusterShaping, InferenceTrafficOnTheUplinkClampsFetchWindowsUntilItStops) {
+  // An engine on the node (this thread is in its namespace) that reads whatever comes.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(kEnginePort);
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  const int one = 1;
+  ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  std::thread engine([listener] {
+    const int c = ::accept(listener, nullptr, nullptr);
+    char buf[256];
+    while (c >= 0 && ::read(c, buf, sizeof buf) > 0) {
+    }
+    if (c >= 0) ::close(c);
+  });
+  EXPECT_EQ(thawd_log().find("fetch windows clamped"), std::string::npos)
+      << "clamped with nothing competing:\n"
+      << thawd_log();
+  // Requests from the peer for 3 s, one every 100 ms.
+  const int client = network::test::sh(fmt::format(
+      "ip netns exec {} bash -c 'exec 3<>/dev/tcp/10.77.0.1/{}; for i in $(seq 30); do echo "
+      "request >&3; sleep 0.1; done'",
+      net_->peer, kEnginePort));
+  EXPECT_EQ(client, 0);
+  engine.join();
+  ::close(listener);
+  EXPECT_NE(thawd_log().find("fetch windows clamped"), std::string::npos)
+      << "3 s of requests to an inference port did not clamp:\n"
+      << thawd_log();
+  EXPECT_TRUE(eventually(
+      [&] { return thawd_log().find("fetch windows released") != std::string::npos; }, 6s))
+      << thawd_log();
 }
 
 }  // namespace

@@ -148,3 +148,81 @@ TEST(FetchWindows, WithoutRatesSocketsAreRegisteredButLeftToTheKernel) {
 
 }  // namespace
 }  // namespace thaw::network
+
+namespace thaw::network {
+namespace {
+
+int receive_buffer(int fd) {
+  int v = 0;
+  socklen_t len = sizeof v;
+  getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, &len);
+  return v;
+}
+
+// thawd's mode: one model's fetch alone keeps the kernel's window (a clamp would only cost it
+// goodput); inference traffic clamps it, and its end releases it to a buffer as large as
+// autotuning's.
+TEST(FetchWindows, WhenContendedAFetchAloneIsClampedOnlyWhileInferenceRuns) {
+  Connection a, b;
+  ASSERT_TRUE(a.server >= 0 && b.server >= 0);
+  const int clamp_before = window_clamp(a.client), buffer_before = receive_buffer(a.client);
+  // 1 GB/s: clamped windows of a few hundred KB, below what a release gives back.
+  constexpr FetchWindowRates kGigabyte{1'000'000'000, 1'000'000'000, 40'000'000};
+  FetchWindows windows(kGigabyte, ClampWhen::contended);
+  auto ra = windows.add(a.client, THAW_CLASS_CRITICAL_FETCH, 7);
+  auto rb = windows.add(b.client, THAW_CLASS_CRITICAL_FETCH, 7);  // the same model's second
+  ASSERT_TRUE(ra.has_value() && rb.has_value());
+  EXPECT_FALSE(windows.clamping());
+  EXPECT_EQ(find(windows, a.client)->window.bytes, 0u);
+  EXPECT_GT(find(windows, a.client)->window.rtt_us, 0u) << "the round trip at connect, kept";
+  EXPECT_EQ(window_clamp(a.client), clamp_before);
+  EXPECT_EQ(receive_buffer(a.client), buffer_before);
+
+  windows.set_inference_active(true);
+  EXPECT_TRUE(windows.clamping());
+  const std::uint64_t clamped = find(windows, a.client)->window.bytes;
+  EXPECT_GE(clamped, thaw_fetch_window_bytes(kGigabyte.critical / 2,
+                                             find(windows, a.client)->window.rtt_us, 0))
+      << "at least the share's window (loopback's 3-segment floor may be more)";
+  EXPECT_TRUE(find(windows, a.client)->window.receive_buffer);
+  EXPECT_EQ(static_cast<std::uint64_t>(window_clamp(a.client)), clamped);
+  const int clamped_buffer = receive_buffer(a.client);
+
+  windows.set_inference_active(false);
+  EXPECT_FALSE(windows.clamping());
+  EXPECT_EQ(find(windows, a.client)->window.bytes, 0u);
+  EXPECT_GT(static_cast<std::uint64_t>(window_clamp(a.client)), clamped);
+  EXPECT_GT(receive_buffer(a.client), clamped_buffer);
+  EXPECT_GE(receive_buffer(b.client), buffer_before) << "released to at least the default";
+  EXPECT_EQ(windows.reclamp_errors(), 0u) << windows.last_error();
+}
+
+// Fetches of two models, or of both fetch classes, share the link by the classes' rates:
+// clamped while they overlap, released when one is left.
+TEST(FetchWindows, WhenContendedFetchesOfTwoModelsOrClassesAreClamped) {
+  Connection a, c, g;
+  ASSERT_TRUE(a.server >= 0 && c.server >= 0 && g.server >= 0);
+  FetchWindows windows(kRates, ClampWhen::contended);
+  auto ra = windows.add(a.client, THAW_CLASS_CRITICAL_FETCH, 7);
+  ASSERT_TRUE(ra.has_value());
+  EXPECT_EQ(find(windows, a.client)->window.bytes, 0u);
+  {
+    auto rc = windows.add(c.client, THAW_CLASS_CRITICAL_FETCH, 8);
+    ASSERT_TRUE(rc.has_value());
+    EXPECT_TRUE(windows.clamping());
+    EXPECT_GT(find(windows, a.client)->window.bytes, 0u);
+    EXPECT_GT(find(windows, c.client)->window.bytes, 0u);
+  }
+  EXPECT_FALSE(windows.clamping());
+  EXPECT_EQ(find(windows, a.client)->window.bytes, 0u);
+  auto rg = windows.add(g.client, THAW_CLASS_BACKGROUND_FETCH, 7);
+  ASSERT_TRUE(rg.has_value());
+  EXPECT_TRUE(windows.clamping());
+  EXPECT_GT(find(windows, a.client)->window.bytes, 0u);
+  EXPECT_LT(find(windows, g.client)->window.bytes, find(windows, a.client)->window.bytes)
+      << "background yields to the critical fetch";
+  EXPECT_EQ(windows.reclamp_errors(), 0u) << windows.last_error();
+}
+
+}  // namespace
+}  // namespace thaw::network

@@ -23,9 +23,11 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "daemon/network/fetch_window.hpp"
+#include "daemon/network/inference_activity.hpp"
 #include "daemon/network/traffic_shaper.hpp"
 #include "tests/network/netns_fixture.hpp"
 #include "tests/network/tcp_peer_window.hpp"
@@ -366,6 +368,29 @@ void alternate_rtt_us(Inference& inf, Fetch& f, Inference::Rtt& idle, Inference:
   loaded = {median(l50), median(l99)};
 }
 
+// What thawd does with ClampWhen::contended windows (lifecycle/thawd.cpp): samples the
+// classifier's inference counter every 50 ms and tells the windows whether inference runs.
+class InferenceSampler {
+ public:
+  InferenceSampler(const TrafficShaper& shaper, FetchWindows& windows)
+      : thread_([this, &shaper, &windows] {
+          InferenceActivity activity;
+          while (!stop_) {
+            if (auto p = shaper.class_packets(TrafficClass::inference))
+              windows.set_inference_active(activity.sample(*p, InferenceActivity::Clock::now()));
+            std::this_thread::sleep_for(50ms);
+          }
+        }) {}
+  ~InferenceSampler() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 TEST_F(ShaperNetns, InferenceLatencyUnderSaturatingFetch) {
   std::uint32_t crit = socket_mark(TrafficClass::critical_fetch, 1);
   Inference::Rtt idle_plain, loaded_plain, idle_shaped, loaded_shaped;
@@ -390,14 +415,28 @@ TEST_F(ShaperNetns, InferenceLatencyUnderSaturatingFetch) {
     std::this_thread::sleep_for(500ms);
     rate_unclamped_alone = rate_over(f, 2000ms);
   }
-  // Windows as thawd sets them (a FetchWindows at the shaped link's rates: the one critical
-  // fetch gets the class's ceiling × its round trip).
-  FetchWindows windows(window_rates(settings_));
+  // Windows as thawd sets them: a FetchWindows at the shaped link's rates, clamping only
+  // while inference runs (the one critical fetch then gets the class's ceiling × its round
+  // trip), told so by the classifier's counter as thawd samples it.
+  FetchWindows windows(window_rates(settings_), ClampWhen::contended);
+  InferenceSampler sampler(shaper_, windows);
+  bool clamped_alone = true;
   {
     Fetch f(*net_, 9003, crit, &windows);
     ASSERT_TRUE(f.connected()) << f.window_error();
     std::this_thread::sleep_for(500ms);
     rate_shaped_alone = rate_over(f, 2000ms);
+    clamped_alone = windows.clamping();
+  }
+  EXPECT_FALSE(clamped_alone) << "a fetch alone on the link keeps the kernel's window";
+  // The clamp itself, as the fetch gets it while inference runs, for the rate it costs.
+  double rate_clamped_alone = 0;
+  {
+    FetchWindows always(window_rates(settings_));
+    Fetch f(*net_, 9005, crit, &always);
+    ASSERT_TRUE(f.connected()) << f.window_error();
+    std::this_thread::sleep_for(500ms);
+    rate_clamped_alone = rate_over(f, 2000ms);
   }
   FetchWindow window;
   // Up to three measurements of the shaped link, each of 5 alternating windows: on the shared
@@ -410,8 +449,9 @@ TEST_F(ShaperNetns, InferenceLatencyUnderSaturatingFetch) {
     Fetch f(*net_, static_cast<std::uint16_t>(9000 + 10 * attempt), crit, &windows);
     ASSERT_TRUE(f.connected()) << f.window_error();
     ASSERT_EQ(windows.live().size(), 1u);
-    window = windows.live().front().window;
     std::this_thread::sleep_for(1000ms);
+    ASSERT_TRUE(windows.clamping()) << "inference runs: the fetch's window must be clamped";
+    window = windows.live().front().window;
     alternate_rtt_us(inf, f, idle_shaped, loaded_shaped);
     backlog_shaped = upstream_backlog_bytes(*net_);
     rate_shaped = rate_over(f, 1000ms);
@@ -421,10 +461,11 @@ TEST_F(ShaperNetns, InferenceLatencyUnderSaturatingFetch) {
   }
   fmt::print(
       "fetch alone: {:.2f} MB/s unshaped; shaped {:.2f} MB/s with the kernel's window, {:.2f} "
-      "MB/s with its window clamped to {} B (rtt at connect {} us, SO_RCVBUF {}); shaped link "
-      "{:.2f} MB/s\n",
-      rate_plain / 1e6, rate_unclamped_alone / 1e6, rate_shaped_alone / 1e6, window.bytes,
-      window.rtt_us, window.receive_buffer ? "set" : "not set", kShaped / 1e6);
+      "MB/s with thawd's windows (not clamped: nothing competes), {:.2f} MB/s clamped to {} B "
+      "(as under inference; rtt at connect {} us, SO_RCVBUF {}); shaped link {:.2f} MB/s\n",
+      rate_plain / 1e6, rate_unclamped_alone / 1e6, rate_shaped_alone / 1e6,
+      rate_clamped_alone / 1e6, window.bytes, window.rtt_us,
+      window.receive_buffer ? "set" : "not set", kShaped / 1e6);
   fmt::print("upstream buffer under the fetch: {} B unshaped, {} B shaped\n", backlog_plain,
              backlog_shaped);
   fmt::print(
@@ -439,25 +480,30 @@ TEST_F(ShaperNetns, InferenceLatencyUnderSaturatingFetch) {
   EXPECT_GE(loaded_plain.p50 / idle_plain.p50, 5.0) << "the unshaped fetch did not hurt inference";
   // Issue 26's acceptance: with shaping, p99 under a saturating fetch within 1.5x idle.
   EXPECT_LE(loaded_shaped.p99, 1.5 * idle_shaped.p99);
-  // The clamp costs a fetch on this link some rate: with 3 segments in flight a receiver
-  // thread late by a few hundred microseconds idles the link (4-11 % lower in the runs for
-  // issue 26 on a shared 2-core VM). Asserted: within 15 %.
-  EXPECT_GE(rate_shaped_alone, 0.85 * rate_unclamped_alone)
+  // Alone on the link the fetch is not clamped: its goodput is the shaped link's with the
+  // kernel's window (issue 26: unchanged with shaping and no competing traffic). The two are
+  // measured one after the other on a shared machine: within 10 %.
+  EXPECT_GE(rate_shaped_alone, 0.9 * rate_unclamped_alone)
+      << "thawd's windows cost a fetch alone its rate";
+  // Clamped, the fetch loses some rate: with 3 segments in flight a receiver thread late by a
+  // few hundred microseconds idles the link (4-11 % lower in the runs for issue 26 on a
+  // shared 2-core VM). Asserted: within 15 %.
+  EXPECT_GE(rate_clamped_alone, 0.85 * rate_unclamped_alone)
       << "the window clamp cost the fetch its rate";
   EXPECT_GE(rate_shaped, 0.7 * kShaped) << "shaping must not starve the fetch";
 }
 
 TEST_F(ShaperNetns, TwoCriticalFetchesShareTheLink) {
   start();
-  // Windows as thawd sets them: registered with a FetchWindows at the shaped link's rates
-  // (each critical fetch the class's rate over the two × its round trip; on this link the
-  // 3-segment floor decides). Window-limited flows queue mostly upstream (the emulated
-  // switch's FIFO), not in thaw's IFB, so they share by how soon each receiver reopens its
-  // window rather than by HTB's round robin: 3 of 15 single 4 s measurements on the shared
-  // 2-core machine fell outside 45-55 % (43/57 at worst; issue 26 runs). Up to three
+  // Windows as thawd sets them: registered with a FetchWindows at the shaped link's rates,
+  // clamped once the second model's fetch starts (each critical fetch the class's rate over
+  // the two × its round trip; on this link the 3-segment floor decides). Window-limited flows queue
+  // mostly upstream (the emulated switch's FIFO), not in thaw's IFB, so they share by how soon each
+  // receiver reopens its window rather than by HTB's round robin: 3 of 15 single 4 s measurements
+  // on the shared 2-core machine fell outside 45-55 % (43/57 at worst; issue 26 runs). Up to three
   // measurements, each printed. This retry can hide an occasional unfair run; a systematic
   // skew (every measurement outside) still fails.
-  FetchWindows windows(window_rates(settings_));
+  FetchWindows windows(window_rates(settings_), ClampWhen::contended);
   double share_a = 0, da = 0, db = 0;
   for (int attempt = 1; attempt <= 3; ++attempt) {
     Fetch a(*net_, static_cast<std::uint16_t>(9010 + 2 * attempt),
@@ -484,14 +530,15 @@ TEST_F(ShaperNetns, TwoCriticalFetchesShareTheLink) {
 
 TEST_F(ShaperNetns, BackgroundYieldsToCriticalWithinOneSecond) {
   start();
-  // Windows as thawd sets them: the background fetch's is re-clamped to its class's guaranteed
-  // rate when the critical one registers (on this link both are at the 3-segment floor, so the
+  // Windows as thawd sets them: the background fetch alone keeps the kernel's window; it is
+  // clamped to its class's guaranteed rate when the critical one registers, and released
+  // when that one ends (on this link both are at the 3-segment floor, so the
   // yield is HTB's priority in the IFB). Each window-limited flow idles while its receiver is
   // late: with the 2-core machine at load average 6 (other builds), 2 of 4 single
   // measurements gave 76-89 % critical, at load 3.5 all of 9 gave 91-95 % (issue 26 runs). Up
   // to three measurements, each printed; without HTB's priority (one FIFO) the two flows
   // would split about evenly, so a retry cannot hide a broken shaper.
-  FetchWindows windows(window_rates(settings_));
+  FetchWindows windows(window_rates(settings_), ClampWhen::contended);
   double bg_alone = 0, link = 0, crit_share = 0, crit_rate = 0, bg_rate = 0, bg_after = 0;
   for (int attempt = 1; attempt <= 3; ++attempt) {
     const auto port = static_cast<std::uint16_t>(9020 + 2 * attempt);

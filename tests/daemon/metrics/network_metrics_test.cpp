@@ -34,6 +34,11 @@ TEST(NetworkMetrics, EveryClassAndDirectionWithItsValues) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "\nin:\n" << text;
   }
   EXPECT_EQ(text.find("# EOF"), std::string::npos);
+  EXPECT_EQ(text.find("thaw_net_fetch_windows_clamped"), std::string::npos)
+      << "no family while the windows are off";
+  n.fetch_windows_clamped = true;
+  EXPECT_NE(render_network_openmetrics(n).find("thaw_net_fetch_windows_clamped 1\n"),
+            std::string::npos);
   n.enabled = false;
   EXPECT_NE(render_network_openmetrics(n).find("thaw_net_shaping_enabled 0\n"), std::string::npos);
 }

@@ -43,6 +43,8 @@ class FakeShaper : public ShaperBackend {
   std::expected<network::ShapingCounters, network::ShapingError> counters() const override {
     network::ShapingCounters c;
     c.classes[1][1] = {5000, 4, 1};  // ingress, critical fetch
+    c.classes[0][0] = {900, 7, 0};   // egress, inference
+    c.classes[1][0] = {600, 5, 0};   // ingress, inference
     return c;
   }
   std::expected<void, network::ShapingError> add_inference_cgroup(std::uint64_t id) override {
@@ -94,6 +96,20 @@ TEST(NodeShaping, StartsTheShaperWithTheResolvedRatesAndStopsIt) {
     EXPECT_EQ(status.rates_from, "config");
   }
   EXPECT_EQ(rec.stops, 1);
+}
+
+// What thawd samples to clamp fetch windows only while inference runs: the inference
+// class's packets both ways; 0 without shaping.
+TEST(NodeShaping, InferencePacketsCountBothDirections) {
+  Recorded rec;
+  auto s = NodeShaping::start(NetworkSettings{}, Probe{}, std::make_unique<FakeShaper>(rec));
+  ASSERT_TRUE(s) << s.error();
+  EXPECT_EQ((*s)->inference_packets(), 12u);
+  NetworkSettings off;
+  off.mode = ShapingMode::off;
+  auto none = NodeShaping::start(off, Probe{}, std::make_unique<FakeShaper>(rec));
+  ASSERT_TRUE(none) << none.error();
+  EXPECT_EQ((*none)->inference_packets(), 0u);
 }
 
 TEST(NodeShaping, WorkersCgroupsAndPortsAreInferenceWhileTheyRun) {
