@@ -257,8 +257,12 @@ void FetchEngine::start_parts(FetchClock::time_point now) {
   // became ready or a slot became free since the last scan.
   if (!startable_changed_) return;
   startable_changed_ = false;
-  // Critical parts take free connections first; background parts get what is left.
-  for (auto& queue : ready_) {
+  // Critical parts take free connections first; background parts get what is left, and
+  // nothing while a critical part is pending (FetcherConfig::background_waits_for_critical).
+  const bool hold_background = config_.background_waits_for_critical && critical_pending();
+  for (std::size_t cls = 0; cls < ready_.size(); ++cls) {
+    if (hold_background && cls == index_of(FetchClass::background)) return;
+    auto& queue = ready_[cls];
     for (auto it = queue.begin(); it != queue.end();) {
       if (active_.size() + local_.size() >= config_.max_connections) return;
       const FileId file = (*it)->request->spec.file;
@@ -278,6 +282,16 @@ void FetchEngine::start_parts(FetchClock::time_point now) {
       }
     }
   }
+}
+
+bool FetchEngine::critical_pending() const {
+  if (!ready_[index_of(FetchClass::critical)].empty()) return true;
+  auto critical_http = [](const std::unique_ptr<FetchPart>& p) {
+    return p->request->spec.cls == FetchClass::critical &&
+           p->request->spec.source.kind != FileSource::Kind::local;
+  };
+  return std::ranges::any_of(active_, critical_http) ||
+         std::ranges::any_of(waiting_, critical_http);
 }
 
 void FetchEngine::start_http(std::unique_ptr<FetchPart> owned, FetchClock::time_point now) {

@@ -124,6 +124,8 @@ class FetchEngine {
   void part_succeeded(std::unique_ptr<FetchPart> part);
   void part_faulted(std::unique_ptr<FetchPart> part, Fault fault, FetchClock::time_point now);
   void fail_request(FetchRequestState* request, FetchError error);
+  // A critical HTTP part is queued, running or backing off before a retry.
+  bool critical_pending() const;
   // Removes the part from active_ and the multi handle; null if it is no longer there.
   std::unique_ptr<FetchPart> detach_active(FetchPart* part);
   // Its connection's socket leaves config_.fetch_windows (when `part` registered it).

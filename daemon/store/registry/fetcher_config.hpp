@@ -50,6 +50,11 @@ struct FetcherConfig {
   std::uint64_t min_part_bytes = 1ull << 20;
   std::uint32_t connections_per_file = 8;
   std::uint32_t max_connections = 32;  // over all files
+  // Background parts start only while no critical part is queued, running or backing off:
+  // a cold start's bytes get every connection and the whole link, also on a node where
+  // nothing in the kernel would make a background fetch yield (shaping off). A background
+  // transfer already running when a critical request arrives goes on.
+  bool background_waits_for_critical = true;
 
   // Retries: after a transient fault a part waits backoff_initial·2^(n-1) (capped at
   // backoff_max, with jitter in [50 %, 100 %]) and resumes from its last written byte.

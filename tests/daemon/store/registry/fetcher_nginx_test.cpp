@@ -2,15 +2,18 @@
 // connections, permanent errors, resume across an nginx restart, per-class rate limits
 // and socket tags.
 #include <gtest/gtest.h>
+
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <set>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -261,6 +264,76 @@ TEST_F(FetcherNginxTest, RateLimitIsSharedByAClassAndSparesTheOther) {
             background.size());
   EXPECT_EQ(progress.per_class[static_cast<std::size_t>(FetchClass::critical)].bytes_done,
             critical.size());
+}
+
+// Records, in order, each file's first write and each part's end.
+class OrderSink : public RecordingSink {
+ public:
+  std::expected<void, std::string> write(FileId file, std::uint64_t offset,
+                                         std::span<const std::byte> bytes) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (started_.insert(file).second) events_.push_back(fmt::format("start {}", file));
+    }
+    return RecordingSink::write(file, offset, bytes);
+  }
+  void done(FileId file, ByteRange range) override {
+    {
+      std::lock_guard lock(mutex_);
+      events_.push_back(fmt::format("done {}", file));
+    }
+    RecordingSink::done(file, range);
+  }
+  std::vector<std::string> events() const {
+    std::lock_guard lock(mutex_);
+    return events_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::set<FileId> started_;
+  std::vector<std::string> events_;
+};
+
+// A cold start's critical parts get every connection: background parts submitted with them
+// (first, even) start only once the last critical part is done, also without any shaping in
+// the kernel. With the hold off, both classes run at once (what made the cluster box's
+// stage-0 TTFT bimodal, docs/BENCHMARKS.md).
+TEST_F(FetcherNginxTest, BackgroundPartsWaitUntilNoCriticalPartIsPending) {
+  auto background = add_file("background.bin", 1u << 20, 11);
+  auto critical = add_file("critical.bin", 1u << 20, 12);
+  // /slow/: 512 KB/s per request. nginx sends the first second's worth at once, so each
+  // 1 MB file (one part) takes about 1 s.
+  start_server("512k");
+  for (const bool hold : {true, false}) {
+    OrderSink sink;
+    sink.expect_file(0, background.size());
+    sink.expect_file(1, critical.size());
+    FetcherConfig config;
+    config.connections_per_file = 2;
+    config.background_waits_for_critical = hold;
+    RangeFetcher fetcher(config, sink);
+    ASSERT_TRUE(
+        fetcher.submit({whole(0, "/slow/background.bin", background.size(), FetchClass::background),
+                        whole(1, "/slow/critical.bin", critical.size(), FetchClass::critical)}));
+    ASSERT_TRUE(fetcher.wait_idle(30s));
+    EXPECT_TRUE(fetcher.take_failures().empty());
+    EXPECT_TRUE(sink.contents(0) == background);
+    EXPECT_TRUE(sink.contents(1) == critical);
+    const std::vector<std::string> events = sink.events();
+    const auto at = [&](const std::string& e) {
+      return std::find(events.begin(), events.end(), e) - events.begin();
+    };
+    // The critical file's last part ends at its last "done 1".
+    const auto last_critical_done =
+        events.rend() - std::find(events.rbegin(), events.rend(), std::string("done 1")) - 1;
+    if (hold) {
+      EXPECT_GT(at("start 0"), last_critical_done) << fmt::format("{}", fmt::join(events, ", "));
+    } else {
+      EXPECT_LT(at("start 0"), last_critical_done) << "without the hold both classes run at once: "
+                                                   << fmt::format("{}", fmt::join(events, ", "));
+    }
+  }
 }
 
 TEST_F(FetcherNginxTest, RateLimitCanBeLiftedWhileRunning) {
