@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """ctest cluster.report (no root): the cluster demo's report and trace client on made-up runs.
 
-report.py: per-mode answered counts, each model's cold-start TTFT, SLO attainment against the
-warm latency (k x (warm TTFT + (n - 1) x warm TPOT)), and the worker timeline built from the
+report.py: per-mode answered counts, each model's cold-start TTFT, TTFT SLO attainment against
+each model's deployed TTFT SLO, SLO attainment against the warm latency (k x (warm TTFT + (n - 1) x warm TPOT)), and the worker timeline built from the
 engine's monotonic timeline, the worker's wall-clock marks and thawd's log.
 trace_client.py: against a local stand-in gateway that streams SSE, the scaled arrivals,
 prompt and output sizes, model round-robin and the tokens of every event.
@@ -37,6 +37,8 @@ class ReportTest(unittest.TestCase):
             write_jsonl(os.path.join(out, mode, "warm.jsonl"),
                         [{"model": "m1", "max_tokens": 1, "status": 200, "e2e_s": 0.1},
                          {"model": "m1", "max_tokens": 8, "status": 200, "e2e_s": 0.8}])
+        # The model's TTFT SLO as deployed: 1.8 s (thaw's pass wrote it).
+        write_jsonl(os.path.join(out, "thaw", "slo.jsonl"), [{"model": "m1", "ttft_slo_s": 1.8}])
         # SLO (k = 5) for n = 3 tokens: 5 x (0.1 + 2 x 0.1) = 1.5 s
         reqs = {"thaw": [2.0, 0.5, 1.4], "baseline": [4.0, 1.6, None]}
         for mode, ttfts in reqs.items():
@@ -88,6 +90,10 @@ class ReportTest(unittest.TestCase):
             self.assertAlmostEqual(base["cold_start_ttft_s"]["m1"], 4.0)
             self.assertAlmostEqual(thaw["slo_attainment"], 2 / 3)   # 0.5 and 1.4 <= 1.5
             self.assertAlmostEqual(base["slo_attainment"], 0 / 3)   # 4.0, 1.6 late, one 503
+            # Against the deployed TTFT SLO of 1.8 s, in both modes.
+            self.assertAlmostEqual(thaw["ttft_slo_attainment"], 2 / 3)   # 0.5 and 1.4 <= 1.8
+            self.assertAlmostEqual(base["ttft_slo_attainment"], 1 / 3)   # 1.6; 4.0 late, one 503
+            self.assertEqual(s["ttft_slo"], {"m1": 1.8})
             self.assertEqual(thaw["plans"][0]["stages"], 2)
             (w,) = thaw["workers"]
             self.assertEqual(w["label"], "m1 1/2 @n0")
@@ -103,6 +109,7 @@ class ReportTest(unittest.TestCase):
                 md = f.read()
             self.assertIn("| thaw | 3 | 3 |", md)
             self.assertIn("67 % of 3", md)
+            self.assertIn("| 0 % of 3 | 33 % of 3 |", md)
 
 
 class StandInGateway(http.server.BaseHTTPRequestHandler):
