@@ -1,5 +1,6 @@
 #include "daemon/network/fetch_window.hpp"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -30,6 +31,21 @@ std::uint64_t tcp_rmem_max() {
   std::uint64_t low = 0, initial = 0, high = 0;
   in >> low >> initial >> high;
   return high != 0 ? high : 6u << 20;  // the kernel's default when unreadable
+}
+
+// The peer's address without its port ("" if unknown): fetch sockets to one address share
+// one path, whatever port each uses.
+std::string peer_address(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* where =
+      a.ss_family == AF_INET
+          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&a)->sin_addr)
+          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr);
+  if (a.ss_family != AF_INET && a.ss_family != AF_INET6) return "";
+  return inet_ntop(a.ss_family, where, text, sizeof text) != nullptr ? text : "";
 }
 
 std::string errno_text(const char* what, std::uint64_t value) {
@@ -116,6 +132,15 @@ void FetchWindows::Registration::reset() {
   owner_ = nullptr;
 }
 
+std::uint32_t FetchWindows::path_rtt_locked(const Entry& e) const {
+  std::uint32_t rtt = e.connect_rtt_us;
+  for (const auto& [id, other] : entries_) {
+    if (other.peer != e.peer || e.peer.empty() || other.connect_rtt_us == 0) continue;
+    if (rtt == 0 || other.connect_rtt_us < rtt) rtt = other.connect_rtt_us;
+  }
+  return rtt;  // 0: none known (clamp_fetch_window reads TCP_INFO)
+}
+
 bool FetchWindows::clamping_locked() const {
   if (when_ == ClampWhen::always || inference_active_) return true;
   // Fetches of more than one (class, model) share the link: one model's connections alone
@@ -158,7 +183,8 @@ std::expected<void, std::string> FetchWindows::reclamp_locked(std::uint64_t exce
   for (auto& [id, e] : entries_) {
     if (id == except_id) continue;
     const std::uint64_t rate = rate_for_locked(e.live.traffic_class);
-    if (rate == e.rate) continue;
+    const std::uint32_t rtt = rate == 0 ? 0 : path_rtt_locked(e);
+    if (rate == e.rate && rtt == e.rtt_used) continue;
     if (rate == 0) {
       // Nothing to protect any more (or no rate): back to a window as large as the kernel's.
       if (auto ok = release_fetch_window(e.live.fd); !ok) {
@@ -170,9 +196,10 @@ std::expected<void, std::string> FetchWindows::reclamp_locked(std::uint64_t exce
       e.live.window.bytes = 0;
       e.live.window.receive_buffer = false;
       e.rate = 0;
+      e.rtt_used = 0;
       continue;
     }
-    auto w = clamp_locked(e.live.fd, e.live.traffic_class, rate, e.live.window.rtt_us);
+    auto w = clamp_locked(e.live.fd, e.live.traffic_class, rate, rtt);
     if (!w) {
       ++reclamp_errors_;
       last_error_ = w.error();
@@ -181,6 +208,7 @@ std::expected<void, std::string> FetchWindows::reclamp_locked(std::uint64_t exce
     }
     e.live.window = *w;
     e.rate = rate;
+    e.rtt_used = rtt;
   }
   return result;
 }
@@ -188,26 +216,35 @@ std::expected<void, std::string> FetchWindows::reclamp_locked(std::uint64_t exce
 std::expected<FetchWindows::Registration, std::string> FetchWindows::add(int fd, int traffic_class,
                                                                          std::uint32_t model) {
   std::lock_guard lock(mutex_);
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  const bool have_info = getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0;
+  const int info_errno = errno;
   const std::uint64_t id = next_id_++;
   Entry e;
   e.live = Live{fd, traffic_class, model, {}};
-  entries_.emplace(id, e);
+  e.connect_rtt_us = have_info ? info.tcpi_rtt : 0;
+  e.peer = peer_address(fd);
+  // Left to the kernel until a clamp: the round trip at connect, which no queue of this
+  // fetch's own has inflated yet, is what a later clamp computes its window from.
+  e.live.window.rtt_us = e.connect_rtt_us;
+  entries_.emplace(id, std::move(e));
   Entry& added = entries_.at(id);
   if (const std::uint64_t rate = rate_for_locked(traffic_class); rate != 0) {
-    auto w = clamp_locked(fd, traffic_class, rate, 0);
+    if (!have_info) {
+      entries_.erase(id);
+      return std::unexpected(
+          fmt::format("getsockopt(TCP_INFO) on a fetch socket: {}", std::strerror(info_errno)));
+    }
+    const std::uint32_t rtt = path_rtt_locked(added);
+    auto w = clamp_locked(fd, traffic_class, rate, rtt);
     if (!w) {
       entries_.erase(id);
       return std::unexpected(w.error());
     }
     added.live.window = *w;
     added.rate = rate;
-  } else {
-    // Left to the kernel for now; the round trip at connect, which no queue of this fetch's
-    // own has inflated yet, is what a later clamp computes its window from.
-    tcp_info info{};
-    socklen_t len = sizeof info;
-    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0)
-      added.live.window.rtt_us = info.tcpi_rtt;
+    added.rtt_used = rtt;
   }
   (void)reclamp_locked(id);  // errors counted; this socket's fetch goes on
   return Registration(this, id);

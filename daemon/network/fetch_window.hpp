@@ -179,8 +179,17 @@ class FetchWindows {
 
   struct Entry {
     Live live;
-    std::uint64_t rate = 0;  // the rate its window was last computed from
+    std::uint64_t rate = 0;            // the rate its window was last computed from
+    std::uint32_t rtt_used = 0;        // and the round trip
+    std::uint32_t connect_rtt_us = 0;  // TCP_INFO's at registration (0: unreadable)
+    std::string peer;                  // the registry's address ("" if unknown)
   };
+  // The round trip a socket's window is computed from: the lowest any live socket to the
+  // same address measured at connect. A socket that connected while another fetch's
+  // unclamped window filled the upstream queue measured that queue too (1.5-2.7 ms against
+  // 190 us on the netns link), and a window from it let that fetch take 58-60 % of a link
+  // two models' fetches should share 50/50.
+  std::uint32_t path_rtt_locked(const Entry& e) const;
   mutable std::mutex mutex_;
   FetchWindowRates rates_;
   ClampWhen when_;
