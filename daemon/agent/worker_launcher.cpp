@@ -212,6 +212,7 @@ std::expected<void, std::string> WorkerLauncher::launch(const WorkerSpec& spec) 
     argv.insert(argv.end(), spec.argv.begin(), spec.argv.end());
     auto [rc, output] = run_and_wait(argv);
     if (rc != 0) return std::unexpected(fmt::format("systemd-run: {}", output));
+    write_spec_locked(spec);
     Child& child = children_[spec.unit] =
         Child{-1, spec.gpu, {WorkerState::running, "unit started"}};
     registered_locked(spec.unit, child, spec.ports);
@@ -323,6 +324,65 @@ int WorkerLauncher::make_child_cgroup_locked(const std::string& unit, std::files
     ::rmdir(dir.c_str());
   }
   return fd;
+}
+
+void WorkerLauncher::write_spec_locked(const WorkerSpec& spec) const {
+  std::error_code ec;
+  std::filesystem::create_directories(log_dir_, ec);
+  std::ofstream out(log_dir_ / (spec.unit + ".spec"));
+  out << "gpu " << spec.gpu << "\nports";
+  for (std::uint16_t port : spec.ports) out << ' ' << port;
+  out << '\n';
+  if (!out) {
+    log(LogLevel::warning, fmt::format("worker {}: cannot record its GPU and ports in {}: after a "
+                                       "thawd restart it is adopted without them",
+                                       spec.unit, log_dir_.string()));
+  }
+}
+
+std::vector<std::string> WorkerLauncher::adopt_running_units() {
+  if (!use_systemd_) return {};
+  auto [rc, output] =
+      run_and_wait({"systemctl", "list-units", "--type=service", "--state=active,activating",
+                    "--plain", "--no-legend", "--no-pager", "--full", "thaw-worker-*"});
+  if (rc != 0) {
+    log(LogLevel::warning,
+        fmt::format("cannot list the workers still running from before this start (systemctl "
+                    "list-units: {}); they stay unmanaged until they end",
+                    output));
+    return {};
+  }
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> adopted;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string name;
+    fields >> name;
+    if (!name.starts_with("thaw-worker-") || !name.ends_with(".service")) continue;
+    const std::string unit = name.substr(0, name.size() - std::string_view(".service").size());
+    if (children_.contains(unit)) continue;
+    std::uint32_t gpu = 0;
+    std::vector<std::uint16_t> ports;
+    std::ifstream spec(log_dir_ / (unit + ".spec"));
+    for (std::string key; spec >> key;) {
+      if (key == "gpu") {
+        spec >> gpu;
+      } else if (key == "ports") {
+        std::string rest;
+        std::getline(spec, rest);
+        std::istringstream list(rest);
+        for (unsigned port = 0; list >> port;) {
+          if (port > 0 && port <= 65535) ports.push_back(static_cast<std::uint16_t>(port));
+        }
+      }
+    }
+    Child& child = children_[unit] =
+        Child{-1, gpu, {WorkerState::running, "running since before this thawd started (adopted)"}};
+    registered_locked(unit, child, std::move(ports));
+    adopted.push_back(unit);
+  }
+  return adopted;
 }
 
 void WorkerLauncher::cgroup_unavailable_locked(const std::string& why) {

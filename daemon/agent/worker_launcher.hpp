@@ -84,6 +84,12 @@ class WorkerLauncher {
   WorkerLauncher& operator=(const WorkerLauncher&) = delete;
 
   std::expected<void, std::string> launch(const WorkerSpec& spec);
+  // Transient units: the thaw-worker-* units systemd runs that this launcher did not start
+  // (a thawd before a restart did) become its workers again, with the GPU and ports recorded
+  // at their launch (<log_dir>/<unit>.spec): status, stop, busy_gpus and the traffic hooks
+  // work on them as on its own. Call after set_traffic_hooks. The units adopted; none
+  // without systemd (children end with the thawd that started them).
+  std::vector<std::string> adopt_running_units();
   // Stops it and waits (SIGTERM to its process group, SIGKILL after 10 s).
   std::expected<void, std::string> stop(const std::string& unit);
   // Starts stopping it and returns at once: SIGTERM now, SIGKILL from the first status()
@@ -117,6 +123,8 @@ class WorkerLauncher {
   void registered_locked(const std::string& unit, Child& child, std::vector<std::uint16_t> ports);
   void release_cgroup_locked(const std::string& unit, Child& child);
   void cgroup_unavailable_locked(const std::string& why);
+  // What adopt_running_units needs to know of a unit, written at its launch.
+  void write_spec_locked(const WorkerSpec& spec) const;
 
   std::filesystem::path log_dir_;
   bool use_systemd_;

@@ -300,6 +300,14 @@ std::expected<void, std::string> Thawd::start_agent(const std::string& node_id) 
        [shaping = shaping_.get()](const std::string& unit, const WorkerTraffic& t) {
          shaping->remove_worker(unit, t.cgroup_id, t.ports);
        }});
+  // Under systemd, workers outlive a thawd restart (transient units): managed again, and
+  // their traffic inference again, from now on.
+  for (const std::string& unit : workers_->adopt_running_units()) {
+    log(LogLevel::notice,
+        fmt::format("worker {}: running since before this start; adopted (status, stop and its "
+                    "traffic class as if launched now)",
+                    unit));
+  }
   tasks_ = std::make_unique<TaskRunner>(*service_, *workers_,
                                         WorkerSettings{c.worker_command,
                                                        c.worker_preload.string(),

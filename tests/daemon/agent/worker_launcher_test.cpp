@@ -145,6 +145,77 @@ TEST(WorkerLauncher, ATransientUnitsCgroupIsTheOneSystemdReports) {
   ::rmdir(cgroup_dir.parent_path().c_str());
 }
 
+// A thawd restart under systemd: the transient unit keeps running, and the next thawd's
+// launcher adopts it from `systemctl list-units`, with the GPU and ports recorded at its launch.
+// It is then a worker like its own: running, its GPU busy, its cgroup and ports told to the
+// traffic hooks, stopped through systemctl, its end told to the hooks. Stand-ins on PATH
+// answer as systemd would.
+TEST(WorkerLauncher, AUnitStillRunningAfterARestartIsAdoptedWithItsGpuAndPorts) {
+  auto mount = cgroup_v2_mount();
+  if (!mount) GTEST_SKIP() << mount.error();
+  if (::access(mount->c_str(), W_OK) != 0) GTEST_SKIP() << mount->string() << " not writable";
+  TempDir dir;
+  const std::string unit = fmt::format("thaw-worker-adopt-{}", getpid());
+  const std::string group = fmt::format("/thaw-sdadopt-{}/{}.service", getpid(), unit);
+  const auto cgroup_dir = *mount / std::filesystem::path(group).relative_path();
+  std::filesystem::create_directories(cgroup_dir);
+  const auto bin = dir.path() / "bin";
+  std::filesystem::create_directories(bin);
+  const auto active = dir.path() / "active";
+  const auto stops = dir.path() / "stops";
+  std::ofstream(bin / "systemd-run") << "#!/bin/sh\ntouch " << active.string() << "\n";
+  std::ofstream(bin / "systemctl")
+      << "#!/bin/sh\ncase \"$1\" in\n"
+      << "  show) [ \"$4\" = " << unit << ".service ] && echo " << group << " ;;\n"
+      << "  is-active) [ -e " << active.string() << " ] ;;\n"
+      << "  list-units) [ -e " << active.string() << " ] && echo \"" << unit
+      << ".service loaded active running /bin/sh -c sleep\"; "
+      << "echo 'other.service loaded active running x' ;;\n"
+      << "  stop) echo \"$3\" >>" << stops.string() << "; rm -f " << active.string() << " ;;\n"
+      << "  *) true ;;\nesac\n";
+  std::filesystem::permissions(bin / "systemd-run", std::filesystem::perms::owner_all);
+  std::filesystem::permissions(bin / "systemctl", std::filesystem::perms::owner_all);
+  const std::string path = ::getenv("PATH") ? ::getenv("PATH") : "/usr/bin:/bin";
+  ::setenv("PATH", (bin.string() + ":" + path).c_str(), 1);
+  {
+    WorkerLauncher first(dir.path() / "workers", /*use_systemd=*/true);
+    WorkerSpec spec = shell(unit, "sleep 600", /*gpu=*/3);
+    spec.ports = {23101, 23102};
+    ASSERT_TRUE(first.launch(spec).has_value());
+  }  // thawd stops; the unit goes on
+  std::vector<WorkerTraffic> started, gone;
+  WorkerLauncher next(dir.path() / "workers", /*use_systemd=*/true);
+  next.set_traffic_hooks({[&](const std::string&, const WorkerTraffic& t) { started.push_back(t); },
+                          [&](const std::string&, const WorkerTraffic& t) { gone.push_back(t); }});
+  EXPECT_EQ(next.status(unit).state, WorkerState::unknown) << "not adopted yet";
+  EXPECT_EQ(next.adopt_running_units(), std::vector<std::string>{unit});
+  EXPECT_TRUE(next.adopt_running_units().empty()) << "adopted once";
+  auto id = cgroup_id_of(cgroup_dir);
+  ASSERT_TRUE(id.has_value()) << id.error();
+  ASSERT_EQ(started.size(), 1u);
+  EXPECT_EQ(started[0].cgroup_id, *id);
+  EXPECT_EQ(started[0].ports, (std::vector<std::uint16_t>{23101, 23102}));
+  EXPECT_EQ(next.status(unit).state, WorkerState::running);
+  EXPECT_EQ(next.busy_gpus(), std::vector<std::uint32_t>{3});
+  // A repeated launch task is not a second engine (systemd-run would refuse the name).
+  ASSERT_TRUE(next.launch(shell(unit, "sleep 600", 3)).has_value());
+  ASSERT_TRUE(next.request_stop(unit).has_value());
+  EXPECT_EQ(read_all(stops), unit + ".service\n");
+  EXPECT_EQ(next.status(unit).state, WorkerState::exited);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].cgroup_id, *id);
+  ::setenv("PATH", path.c_str(), 1);
+  ::rmdir(cgroup_dir.c_str());
+  ::rmdir(cgroup_dir.parent_path().c_str());
+}
+
+// Without systemd a worker ends with the thawd that started it: nothing to adopt.
+TEST(WorkerLauncher, WithoutSystemdThereIsNothingToAdopt) {
+  TempDir dir;
+  WorkerLauncher launcher(dir.path() / "workers", /*use_systemd=*/false);
+  EXPECT_TRUE(launcher.adopt_running_units().empty());
+}
+
 TEST(WorkerLauncher, AWorkerGetsItsEnvironmentAndStopEndsItsProcessGroup) {
   TempDir dir;
   const auto out = dir.path() / "env.txt";
