@@ -3,7 +3,8 @@
 # with systemd as PID 1 (booted_root.sh): apt install → systemctl enable --now thawd (READY=1)
 # → busctl as an unprivileged user and as a member of group thaw → thawctl fetch / prewarm /
 # slots → the reference engine under LD_PRELOAD=libthaw-preload.so (by name) gets its weights
-# from thawd's slot → systemctl reload → systemctl stop gives the GPU memory back →
+# from thawd's slot → a worker unit (thaw-worker-*) left running is adopted by the restarted
+# thawd → systemctl reload → systemctl stop gives the GPU memory back →
 # thaw-gateway.service (a dynamic user; an API key, certificate and TLS key as credentials)
 # answers /health over HTTPS, 401 and a JSON 404 → apt purge leaves nothing behind (a diff of the root, users, groups and units
 # before and after).
@@ -214,6 +215,29 @@ ok "the engine (LD_PRELOAD by name, as a member of thaw) took its weights from t
 hits=$(inside busctl --system get-property org.thaw.Node1 /org/thaw/Node1 org.thaw.Node1.Manager PrewarmHits)
 [[ $hits =~ ^t\ [1-9] ]] || fail "thawd counts the prewarm hit" "$hits"
 ok "Manager.PrewarmHits: $hits"
+
+# ------------------------------------------------------------ a worker across a restart
+# Workers are transient units (thaw-worker-*) that outlive thawd on purpose; a thawd restarted
+# with a coordinator endpoint adopts the ones still running (WorkerLauncher) from `systemctl
+# list-units`, run from inside thawd's hardened unit. The coordinator need not be up: the
+# agent connects in the background.
+out=$(inside sh -c '{ [ -e /etc/thaw/coordinator.pub ] || thaw-coordinator keygen /etc/thaw/coordinator >/dev/null; } &&
+  thaw-coordinator keygen /etc/thaw/node >/dev/null &&
+  sed -i "s|^endpoint = \"\"|endpoint = \"tcp://127.0.0.1:5570\"|" /etc/thaw/thawd.toml' 2>&1) ||
+  fail "configuring a coordinator endpoint and the keys" "$out"
+expect "systemd-run --unit=thaw-worker-adopt-0 (a worker a thawd before this one launched)" \
+  inside systemd-run --quiet --collect --unit=thaw-worker-adopt-0 sleep 600
+inside sh -c 'mkdir -p /var/lib/thaw/workers &&
+  printf "gpu 0\nports 18080\n" >/var/lib/thaw/workers/thaw-worker-adopt-0.spec' ||
+  fail "recording the worker's GPU and ports as its launch would"
+expect "systemctl restart thawd (now with a coordinator endpoint)" inside systemctl restart thawd.service
+line=$(journal_line 'worker thaw-worker-adopt-0: running since before this start; adopted') ||
+  fail "the restarted thawd adopts the worker unit still running" \
+    "$(inside journalctl -u thawd --no-pager -o cat | tail -8)"
+ok "a restarted thawd adopts the worker unit still running: $line"
+expect "systemctl stop thaw-worker-adopt-0" inside systemctl stop thaw-worker-adopt-0.service
+# What the packages do not own goes, so that purge leaves the root as it was.
+inside rm -f /etc/thaw/node.key /etc/thaw/node.pub /var/lib/thaw/workers/thaw-worker-adopt-0.spec
 
 # ------------------------------------------------------------------------ reload, stop
 pid=$(inside systemctl show -p MainPID --value thawd.service)
